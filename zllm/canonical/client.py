@@ -1,0 +1,49 @@
+"""`EngineClient`: the API layer's only view of the core (one production class in runtime/, one fake in tests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from zllm.canonical.events import Event
+from zllm.canonical.request import ChatRequest
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A model being served, as `GET /v1/models` shows it."""
+
+    id: str
+    created: int          # unix seconds (when it was added to the store)
+    context_length: int   # tokens: prompt + output must fit
+    owned_by: str = "zllm"
+
+
+class RequestStream(Protocol):
+    """An admitted request. Iterate it for events; the last one is always `Finished`."""
+
+    request_id: str
+    prompt_tokens: int
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    def abort(self) -> None:
+        """Stop generating (client went away). Safe to call at any time, any number of times."""
+
+
+class EngineClient(Protocol):
+    def models(self) -> list[ModelCard]: ...
+
+    async def submit(self, request: ChatRequest) -> RequestStream:
+        """Render, validate and queue `request`.
+
+        Raises `ZllmError` (`ModelNotFound`, `ContextLengthExceeded`, `InvalidRequest`, `Overloaded`) before
+        any event exists, so the edge can answer with a plain error response instead of a broken stream.
+        `sampling.max_tokens` larger than the room left in the window is clamped, never rejected.
+        """
+        ...
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens `request` would use, rendered exactly as `submit` renders it."""
+        ...

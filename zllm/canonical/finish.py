@@ -1,0 +1,27 @@
+"""How a request ended, and what it cost."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"                    # the model emitted an end-of-turn / EOS token
+    LENGTH = "length"                # max_tokens or the context window ran out
+    STOP_SEQUENCE = "stop_sequence"  # a client stop string or stop token id matched
+    TOOL_CALLS = "tool_calls"        # the turn ended with one or more tool calls
+    ABORT = "abort"                  # the client went away or cancelled
+    ERROR = "error"                  # the engine failed; Finished.error says why
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    # prompt tokens served from the prefix cache instead of prefilled
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,115 @@
+"""The canonical request: what every wire API normalizes to before the core sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from zllm.errors import InvalidRequest
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made. `arguments` is the JSON text exactly as the model produced it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    # role == "tool": which call this result answers, and the tool's name when the client gave it
+    tool_call_id: str | None = None
+    name: str | None = None
+    # assistant reasoning echoed back by the client (rendered only where the template keeps it)
+    reasoning: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise InvalidRequest(f"unknown message role {self.role!r}", param="messages")
+        if self.tool_calls and self.role != "assistant":
+            raise InvalidRequest("only assistant messages can carry tool calls", param="messages")
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str = ""
+    # JSON Schema of the arguments object, as the client sent it
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """`none` | `auto` | `required` | `tool` (then `name` is the one tool allowed)."""
+
+    mode: Literal["none", "auto", "required", "tool"] = "auto"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mode == "tool") != (self.name is not None):
+            raise InvalidRequest("tool_choice names a tool exactly when its mode is 'tool'", param="tool_choice")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decode settings. `max_tokens=None` means "up to the end of the context window"."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidRequest("temperature must be between 0 and 100", param="temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest("top_p must be in (0, 1]", param="top_p")
+        if self.top_k < 0:
+            raise InvalidRequest("top_k must be >= 0", param="top_k")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
+        if any(not s for s in self.stop):
+            raise InvalidRequest("stop sequences must be non-empty strings", param="stop")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One generation request, protocol-free.
+
+    `namespace` is the caller's cache-isolation key (API key or a salt); the runtime adds the model's own
+    identity to it. `id` is minted by the edge and used for abort and tracing.
+    """
+
+    id: str
+    model: str
+    messages: tuple[Message, ...]
+    sampling: SamplingParams = SamplingParams()
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    namespace: str = ""
+    # which API it came from, for traces only: the runtime never branches on it
+    api: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise InvalidRequest("messages must not be empty", param="messages")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise InvalidRequest("tool names must be unique", param="tools")
+        if self.tool_choice.mode == "tool" and self.tool_choice.name not in names:
+            raise InvalidRequest(f"tool_choice names unknown tool {self.tool_choice.name!r}", param="tool_choice")
