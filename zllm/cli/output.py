@@ -1,0 +1,34 @@
+"""uv-style output discipline: data to stdout, people-facing lines to stderr, `error:` / `hint:` prefixes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from zllm.errors import ZllmError
+
+# people read stderr; stdout stays clean for pipes and --json
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fail(message: str, *, hint: str | None = None, cause: str | None = None, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error[/]: {message}")
+    if cause:
+        err.print(f"  [bold]Caused by[/]: {cause}")
+    if hint:
+        err.print(f"[bold cyan]hint[/]: {hint}")
+    raise typer.Exit(code)
+
+
+def fail_with(exc: ZllmError) -> NoReturn:
+    cause = str(exc.__cause__) if exc.__cause__ else None
+    fail(exc.message, hint=exc.hint, cause=cause)
