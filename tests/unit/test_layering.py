@@ -1,0 +1,56 @@
+"""The import graph points one way (ARCHITECTURE.md). Checked statically, so a violation fails here first."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "zllm"
+
+# package → top-level imports it must never make
+FORBIDDEN = {
+    "canonical": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
+                  "zllm.models", "zllm.cli", "zllm.daemon"},
+    "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.prompt", "zllm.models",
+            "zllm.cli", "zllm.daemon"},
+    "engine": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.cli", "zllm.daemon", "zllm.models"},
+    "runtime": {"aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
+    "prompt": {"aiohttp", "torch", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.cli", "zllm.daemon"},
+    "models": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.daemon"},
+}
+
+
+def imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def violates(name: str, forbidden: set[str]) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in forbidden)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_point_one_way(package: str) -> None:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"zllm/{package} has no modules"
+    bad = [
+        f"{path.relative_to(ROOT.parent)} imports {name}"
+        for path in files
+        for name in sorted(imported_names(path))
+        if violates(name, FORBIDDEN[package])
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_checker_catches_a_violation(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import torch.nn\nfrom zllm.engine.runner import x\n")
+    names = imported_names(module)
+    assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.runner" in names

@@ -1,0 +1,45 @@
+"""`zllm serve`: run the daemon in the foreground (logs to stderr) until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from zllm.cli.output import fail_with
+from zllm.errors import ZllmError
+
+
+def serve(
+    model: str = typer.Option(None, "--model", "-m", help="Model to serve (a store name, alias, hub id or path). [env: ZLLM_MODEL; default: smollm2]"),
+    host: str = typer.Option(None, help="Address to bind. [env: ZLLM_HOST; default: 127.0.0.1]"),
+    port: int = typer.Option(None, "--port", "-p", help="HTTP port. [env: ZLLM_PORT; default: 11435]"),
+    threads: int = typer.Option(None, help="CPU threads for the engine, 0 = torch default. [env: ZLLM_THREADS]"),
+    device: str = typer.Option(None, help="auto, cpu or cuda[:N]. [env: ZLLM_DEVICE]"),
+    dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
+    context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
+    api_key: str = typer.Option(None, "--api-key", help="Require this key on every request. [env: ZLLM_API_KEY]"),
+    data_dir: Path = typer.Option(None, "--data-dir", help="Where models are stored. [env: ZLLM_DATA_DIR]"),
+    log_level: str = typer.Option(None, "--log-level", help="debug, info, warning. [env: ZLLM_LOG_LEVEL]"),
+) -> None:
+    """Serve a model over the OpenAI and Anthropic APIs in the foreground."""
+    from zllm import daemon
+    from zllm.config import load_settings
+    from zllm.models.progress import RichPullProgress
+
+    try:
+        settings = load_settings(
+            model=model, host=host, port=port, threads=threads, device=device, dtype=dtype,
+            context_length=context_length, api_key=api_key, data_dir=data_dir, log_level=log_level,
+        )
+        logging.basicConfig(
+            level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        daemon.run(settings, progress=RichPullProgress())
+    except ZllmError as exc:
+        fail_with(exc)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
