@@ -1,0 +1,3 @@
+from zllm.cli.app import main
+
+main()
