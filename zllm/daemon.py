@@ -77,8 +77,7 @@ async def serve_forever(settings: Settings, served: Served) -> None:
         await stop.wait()
         log.info("shutting down")
     finally:
-        await runner.shutdown()
-        await runner.cleanup()
+        await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
         engine.close()
 
 

@@ -1,0 +1,107 @@
+"""The aiohttp application: routes, middlewares, and how the daemon runs it.
+
+    app = create_app(engine, api_key=settings.api_key)
+    runner = await start_site(app, settings.host, settings.port)    # listening when this returns
+    ...
+    await runner.cleanup()     # stops listening, lets in-flight requests finish (shutdown timeout), closes
+or, as one task to cancel:  await run_server(app, host, port, ready=ready_event)
+
+Middlewares, outermost first: errors (any exception → the route's error shape; see api/errors.py),
+then auth (when an API key is configured). The runner uses `handler_cancellation=True` so a client that
+hangs up cancels its handler, and the handler aborts its engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from zllm.api import meta_routes
+from zllm.api.auth import auth_middleware
+from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
+from zllm.api.errors import error_response
+from zllm.api.openai_chat import routes as openai_chat_routes
+from zllm.api.sse import DEFAULT_HEARTBEAT_S
+from zllm.canonical import EngineClient
+
+log = logging.getLogger("zllm.api")
+
+# Agents resend whole conversations every turn: 100k+ tokens of history is several MB of JSON.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer, aiohttp ends the connection quietly
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are not errors
+        return error_response(request, exc)
+    except Exception as exc:
+        return error_response(request, exc)
+
+
+def create_app(
+    engine: EngineClient,
+    *,
+    api_key: str = "",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+) -> web.Application:
+    middlewares = [error_middleware]
+    if api_key:
+        middlewares.append(auth_middleware(api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+    app[ENGINE] = engine
+    app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    meta_routes.add_routes(app)
+    openai_chat_routes.add_routes(app)
+    return app
+
+
+def create_runner(app: web.Application, *, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> web.AppRunner:
+    """The one way to run the app: handler cancellation on, so hang-ups abort engine requests.
+
+    On shutdown, in-flight requests get `shutdown_timeout` seconds; then their handlers are cancelled, which
+    aborts their engine requests like a client hang-up.
+    """
+    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+
+
+async def start_site(
+    app: web.Application, host: str, port: int, *, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+) -> web.AppRunner:
+    """Bind and start serving; returns once the socket listens. `port=0` picks a free port (see `bound_port`).
+
+    Stop it with `await runner.cleanup()` (it runs the app's shutdown hooks itself).
+    """
+    runner = create_runner(app, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log.info("listening on http://%s:%d", host, bound_port(runner))
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    return runner.addresses[0][1]
+
+
+async def run_server(app: web.Application, host: str, port: int, *, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled, then shut down (in-flight requests get the shutdown timeout to finish)."""
+    runner = await start_site(app, host, port)
+    try:
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

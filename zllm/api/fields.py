@@ -1,0 +1,73 @@
+"""Typed access to decoded JSON request bodies, failing with `InvalidRequest` that names the field.
+
+Shared by every protocol's decode.py so messages read the same everywhere:
+
+    `messages[2].content` must be a string or an array, got number
+    missing required parameter `model`
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from zllm.errors import InvalidRequest
+
+Kind = Literal["string", "integer", "number", "boolean", "object", "array"]
+
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+}
+
+_ARTICLES = {"integer": "an integer", "object": "an object", "array": "an array"}
+
+
+def json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def parse_json_object(raw: bytes) -> dict:
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the request body must be a JSON object, got {json_type_name(body)}")
+    return body
+
+
+def check_type(value: Any, kind: Kind, param: str) -> Any:
+    """`value` if it is a JSON `kind`; integral floats pass as integers (`100.0` from JS clients)."""
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    numeric = kind in ("integer", "number")
+    if not isinstance(value, _PYTHON_TYPES[kind]) or (numeric and isinstance(value, bool)):
+        article = _ARTICLES.get(kind, f"a {kind}")
+        raise InvalidRequest(f"`{param}` must be {article}, got {json_type_name(value)}", param=param)
+    return value
+
+
+def optional(obj: dict, key: str, kind: Kind, param: str | None = None) -> Any:
+    """`obj[key]` checked as `kind`; None when absent or null."""
+    value = obj.get(key)
+    return None if value is None else check_type(value, kind, param or key)
+
+
+def required(obj: dict, key: str, kind: Kind, param: str | None = None) -> Any:
+    param = param or key
+    if obj.get(key) is None:
+        raise InvalidRequest(f"missing required parameter `{param}`", param=param)
+    return check_type(obj[key], kind, param)

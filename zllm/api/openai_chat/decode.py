@@ -1,0 +1,266 @@
+"""OpenAI Chat Completions request JSON → canonical `ChatRequest`.
+
+    {"model": "smollm2", "stream": true, "stream_options": {"include_usage": true},
+     "messages": [{"role": "developer", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "ls?"}]},
+                  {"role": "assistant", "content": null,
+                   "tool_calls": [{"id": "call_1", "type": "function",
+                                   "function": {"name": "sh", "arguments": "{\"cmd\":\"ls\"}"}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}],
+     "tools": [{"type": "function", "function": {"name": "sh", "parameters": {…}}}],
+     "tool_choice": "auto", "max_completion_tokens": 256, "temperature": 0, "stop": ["\\n\\n"]}
+
+Validation errors are `InvalidRequest` naming the offending field in `param` (e.g. `messages[1].content`).
+Unknown fields are ignored: agents send many vendor extensions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from zllm.api.fields import check_type, json_type_name, optional, required
+from zllm.api.openai_chat import wire
+from zllm.canonical import ChatRequest, FunctionTool, Message, SamplingParams, ToolCall, ToolChoice
+from zllm.errors import InvalidRequest
+
+API_NAME = "openai_chat"
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A decoded request plus the wire options that only the encoder cares about."""
+
+    request: ChatRequest
+    stream: bool
+    include_usage: bool
+
+
+def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatCall:
+    _reject_unsupported(body)
+    tools = _decode_tools(body.get("tools"))
+    request = ChatRequest(
+        id=request_id,
+        model=_decode_model(body),
+        messages=_decode_messages(body),
+        sampling=_decode_sampling(body),
+        tools=tools,
+        tool_choice=_decode_tool_choice(body.get("tool_choice"), has_tools=bool(tools)),
+        namespace=namespace,
+        api=API_NAME,
+    )
+    stream = bool(optional(body, "stream", "boolean"))
+    stream_options = optional(body, "stream_options", "object") or {}
+    include_usage = bool(optional(stream_options, "include_usage", "boolean", "stream_options.include_usage"))
+    return ChatCall(request=request, stream=stream, include_usage=stream and include_usage)
+
+
+def _decode_model(body: dict) -> str:
+    model = required(body, "model", "string")
+    if not model.strip():
+        raise InvalidRequest("`model` must not be empty", param="model")
+    return model
+
+
+def _reject_unsupported(body: dict) -> None:
+    """Fail loudly on options we would otherwise silently not honour."""
+    n = optional(body, "n", "integer")
+    if n is not None and n != 1:
+        raise InvalidRequest(f"`n` must be 1: zllm generates one choice per request, got {n}", param="n")
+    response_format = optional(body, "response_format", "object")
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind in wire.RESPONSE_FORMATS_NOT_YET:
+            raise InvalidRequest(f"response_format type {kind!r} is not supported yet", param="response_format")
+        if kind != wire.RESPONSE_FORMAT_TEXT:
+            raise InvalidRequest(f"unknown response_format type {kind!r}", param="response_format.type")
+    if optional(body, "logprobs", "boolean"):
+        raise InvalidRequest("logprobs are not supported", param="logprobs")
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise InvalidRequest("`functions`/`function_call` are deprecated; send `tools`/`tool_choice`",
+                             param="functions")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# messages
+
+
+def _decode_messages(body: dict) -> tuple[Message, ...]:
+    items = required(body, "messages", "array")
+    if not items:
+        raise InvalidRequest("`messages` must not be empty", param="messages")
+    # tool call id → function name, so tool results can be named for templates that render the name
+    call_names: dict[str, str] = {}
+    return tuple(_decode_message(item, f"messages[{i}]", call_names) for i, item in enumerate(items))
+
+
+def _decode_message(item: object, param: str, call_names: dict[str, str]) -> Message:
+    item = check_type(item, "object", param)
+    wire_role = required(item, "role", "string", f"{param}.role")
+    role = wire.ROLES.get(wire_role)
+    if role is None:
+        allowed = ", ".join(wire.ROLES)
+        raise InvalidRequest(f"`{param}.role` must be one of {allowed}; got {wire_role!r}", param=f"{param}.role")
+    if role == "assistant":
+        return _decode_assistant(item, param, call_names)
+    if role == "tool":
+        return _decode_tool_result(item, param, call_names)
+    return Message(role=role, content=_decode_content(item, param, required_content=True))
+
+
+def _decode_assistant(item: dict, param: str, call_names: dict[str, str]) -> Message:
+    raw_calls = optional(item, "tool_calls", "array", f"{param}.tool_calls") or []
+    calls = tuple(_decode_tool_call(call, f"{param}.tool_calls[{j}]", j) for j, call in enumerate(raw_calls))
+    call_names.update((call.id, call.name) for call in calls)
+    reasoning = next((item[key] for key in wire.REASONING_ALIASES if isinstance(item.get(key), str)), None)
+    return Message(
+        role="assistant",
+        content=_decode_content(item, param, required_content=False),
+        tool_calls=calls,
+        reasoning=reasoning or None,
+    )
+
+
+def _decode_tool_call(call: object, param: str, position: int) -> ToolCall:
+    call = check_type(call, "object", param)
+    kind = optional(call, "type", "string", f"{param}.type") or wire.FUNCTION_TOOL
+    if kind != wire.FUNCTION_TOOL:
+        raise InvalidRequest(f"`{param}.type` must be 'function', got {kind!r}", param=f"{param}.type")
+    function = required(call, "function", "object", f"{param}.function")
+    name = required(function, "name", "string", f"{param}.function.name")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif isinstance(arguments, dict):
+        # some clients send the parsed object; re-serialize compactly and deterministically
+        arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    else:
+        arguments = check_type(arguments, "string", f"{param}.function.arguments")
+    # a deterministic fallback id keeps the rendered prompt (and so the prefix cache) stable across turns
+    call_id = optional(call, "id", "string", f"{param}.id") or f"call_{position}"
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def _decode_tool_result(item: dict, param: str, call_names: dict[str, str]) -> Message:
+    call_id = required(item, "tool_call_id", "string", f"{param}.tool_call_id")
+    name = optional(item, "name", "string", f"{param}.name") or call_names.get(call_id)
+    return Message(
+        role="tool",
+        content=_decode_content(item, param, required_content=True),
+        tool_call_id=call_id,
+        name=name,
+    )
+
+
+def _decode_content(item: dict, param: str, *, required_content: bool) -> str:
+    param = f"{param}.content"
+    content = item.get("content")
+    if content is None:
+        if required_content:
+            raise InvalidRequest(f"missing required parameter `{param}`", param=param)
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"`{param}` must be a string or an array of content parts, got {json_type_name(content)}", param=param
+        )
+    return wire.PART_SEPARATOR.join(_decode_text_part(part, f"{param}[{j}]") for j, part in enumerate(content))
+
+
+def _decode_text_part(part: object, param: str) -> str:
+    part = check_type(part, "object", param)
+    kind = required(part, "type", "string", f"{param}.type")
+    if kind == wire.TEXT_PART:
+        return required(part, "text", "string", f"{param}.text")
+    if kind == wire.REFUSAL_PART:
+        return required(part, "refusal", "string", f"{param}.refusal")
+    if kind in wire.UNSUPPORTED_PARTS:
+        what = wire.UNSUPPORTED_PARTS[kind]
+        raise InvalidRequest(
+            f"{what} content ({kind!r} parts) is not supported: zllm serves text-only models", param=f"{param}.type"
+        )
+    raise InvalidRequest(f"unknown content part type {kind!r}; expected 'text'", param=f"{param}.type")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tools
+
+
+def _decode_tools(raw: object) -> tuple[FunctionTool, ...]:
+    if raw is None:
+        return ()
+    items = check_type(raw, "array", "tools")
+    return tuple(_decode_tool(item, f"tools[{i}]") for i, item in enumerate(items))
+
+
+def _decode_tool(item: object, param: str) -> FunctionTool:
+    item = check_type(item, "object", param)
+    kind = required(item, "type", "string", f"{param}.type")
+    if kind != wire.FUNCTION_TOOL:
+        raise InvalidRequest(f"only function tools are supported, got type {kind!r}", param=f"{param}.type")
+    function = required(item, "function", "object", f"{param}.function")
+    name = required(function, "name", "string", f"{param}.function.name")
+    if not name:
+        raise InvalidRequest("tool names must not be empty", param=f"{param}.function.name")
+    description = optional(function, "description", "string", f"{param}.function.description") or ""
+    parameters = optional(function, "parameters", "object", f"{param}.function.parameters")
+    if parameters is None:
+        return FunctionTool(name=name, description=description)
+    return FunctionTool(name=name, description=description, parameters=parameters)
+
+
+def _decode_tool_choice(raw: object, *, has_tools: bool) -> ToolChoice:
+    if raw is None:
+        return ToolChoice()
+    if isinstance(raw, str):
+        if raw not in wire.TOOL_CHOICE_MODES:
+            raise InvalidRequest(f"`tool_choice` must be none, auto, required or a function, got {raw!r}",
+                                 param="tool_choice")
+        if raw == "required" and not has_tools:
+            raise InvalidRequest("tool_choice 'required' needs at least one tool in `tools`", param="tool_choice")
+        return ToolChoice(mode=raw)
+    choice = check_type(raw, "object", "tool_choice")
+    if choice.get("type") != wire.FUNCTION_TOOL:
+        raise InvalidRequest(f"`tool_choice.type` must be 'function', got {choice.get('type')!r}",
+                             param="tool_choice.type")
+    function = required(choice, "function", "object", "tool_choice.function")
+    return ToolChoice(mode="tool", name=required(function, "name", "string", "tool_choice.function.name"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sampling
+
+
+def _decode_sampling(body: dict) -> SamplingParams:
+    defaults = SamplingParams()
+    temperature = optional(body, "temperature", "number")
+    top_p = optional(body, "top_p", "number")
+    top_k = optional(body, "top_k", "integer")
+    return SamplingParams(
+        temperature=defaults.temperature if temperature is None else float(temperature),
+        top_p=defaults.top_p if top_p is None else float(top_p),
+        # vLLM-style clients send -1 for "off"
+        top_k=defaults.top_k if top_k is None else max(top_k, 0),
+        seed=optional(body, "seed", "integer"),
+        max_tokens=_decode_max_tokens(body),
+        stop=_decode_stop(body.get("stop")),
+    )
+
+
+def _decode_max_tokens(body: dict) -> int | None:
+    # max_completion_tokens is the current name; max_tokens the deprecated one still sent by most clients
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = optional(body, key, "integer")
+    if value is not None and value < 1:
+        raise InvalidRequest(f"`{key}` must be at least 1, got {value}", param=key)
+    return value
+
+
+def _decode_stop(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,)
+    items = check_type(raw, "array", "stop")
+    return tuple(check_type(item, "string", f"stop[{i}]") for i, item in enumerate(items))

@@ -1,0 +1,207 @@
+"""Canonical events → OpenAI Chat Completions: streaming chunks, or one `chat.completion` object.
+
+Streaming (data-only SSE; each line below is one `data:` frame):
+
+    {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":null,
+     "choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
+    … "delta":{"content":"Hel"} …
+    … "delta":{"reasoning_content":"hmm"} …
+    … "delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"sh","arguments":""}}]} …
+    … "delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"cmd\":"}}]} …
+    … "delta":{},"finish_reason":"tool_calls" …
+    {…,"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12,
+                             "prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{…}}}
+    [DONE]
+
+The usage chunk is sent only with `stream_options.include_usage` (and then every chunk carries
+`"usage": null`, as OpenAI does). ERROR ends the stream with `{"error": {…}}` and no [DONE]; ABORT just ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from zllm.api.errors import ApiError, ReportedError, describe_code, openai_error_body
+from zllm.api.openai_chat import wire
+from zllm.api.sse import SsePayload
+from zllm.canonical import (
+    Event,
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from zllm.errors import Overloaded
+
+log = logging.getLogger("zllm.api")
+
+
+def usage_body(usage: Usage, *, saw_reasoning: bool) -> dict:
+    # The canonical Usage does not count reasoning tokens separately: report 0 only when there was none,
+    # rather than a wrong number.
+    completion_details = {} if saw_reasoning else {"reasoning_tokens": 0}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": completion_details,
+    }
+
+
+def finished_error(finished: Finished) -> ApiError:
+    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
+
+
+class ChatStreamEncoder:
+    """One streaming request's state machine: canonical events in, chunk dicts (and "[DONE]") out."""
+
+    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool):
+        self.completion_id = completion_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+        self._saw_reasoning = False
+        # tool call index → argument text already streamed, to send only what ToolCallEnd adds
+        self._streamed_args: dict[int, str] = {}
+
+    def start(self) -> list[SsePayload]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def feed(self, event: Event) -> list[SsePayload]:
+        match event:
+            case TextDelta(text=text):
+                return [self._chunk({"content": text})] if text else []
+            case ReasoningDelta(text=text):
+                self._saw_reasoning = True
+                return [self._chunk({wire.REASONING_FIELD: text})] if text else []
+            case ToolCallStart():
+                return [self._tool_call_start(event)]
+            case ToolCallArgsDelta(index=index, text=text):
+                return self._tool_call_arguments(index, text)
+            case ToolCallEnd(index=index, arguments=arguments):
+                return self._tool_call_rest(index, arguments)
+            case Finished():
+                return self._finish(event)
+        raise TypeError(f"not a canonical event: {event!r}")
+
+    def fail(self, error: ApiError) -> list[SsePayload]:
+        return [openai_error_body(error)]
+
+    def _tool_call_start(self, event: ToolCallStart) -> dict:
+        self._streamed_args[event.index] = ""
+        call = {"index": event.index, "id": event.id, "type": "function",
+                "function": {"name": event.name, "arguments": ""}}
+        return self._chunk({"tool_calls": [call]})
+
+    def _tool_call_arguments(self, index: int, text: str) -> list[SsePayload]:
+        if not text:
+            return []
+        self._streamed_args[index] = self._streamed_args.get(index, "") + text
+        return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})]
+
+    def _tool_call_rest(self, index: int, arguments: str) -> list[SsePayload]:
+        # A dialect that only knows the arguments at the end sends them here; stream what is still missing.
+        streamed = self._streamed_args.get(index, "")
+        if not arguments.startswith(streamed):
+            log.warning("tool call %d: final arguments do not extend the streamed ones; keeping the stream", index)
+            return []
+        return self._tool_call_arguments(index, arguments[len(streamed):])
+
+    def _finish(self, finished: Finished) -> list[SsePayload]:
+        if finished.reason is FinishReason.ABORT:
+            return []
+        if finished.reason is FinishReason.ERROR:
+            return self.fail(finished_error(finished))
+        frames: list[SsePayload] = [self._chunk({}, finish_reason=wire.FINISH_REASONS[finished.reason])]
+        if self.include_usage:
+            frames.append(self._envelope([], usage=usage_body(finished.usage, saw_reasoning=self._saw_reasoning)))
+        frames.append(wire.DONE)
+        return frames
+
+    def _chunk(self, delta: dict, *, finish_reason: str | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope([choice], usage=None)
+
+    def _envelope(self, choices: list, *, usage: dict | None) -> dict:
+        chunk = {
+            "id": self.completion_id,
+            "object": wire.CHAT_COMPLETION_CHUNK,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = usage
+        return chunk
+
+
+class ChatCompletionBuilder:
+    """Collects a whole request's events into one `chat.completion` object (non-streaming)."""
+
+    def __init__(self, *, completion_id: str, model: str, created: int):
+        self.completion_id = completion_id
+        self.model = model
+        self.created = created
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        # index → [id, name, arguments]; ToolCallEnd's arguments replace the streamed deltas
+        self._calls: dict[int, list[str]] = {}
+        self._finished: Finished | None = None
+
+    def feed(self, event: Event) -> None:
+        match event:
+            case TextDelta(text=text):
+                self._text.append(text)
+            case ReasoningDelta(text=text):
+                self._reasoning.append(text)
+            case ToolCallStart(index=index, id=call_id, name=name):
+                self._calls[index] = [call_id, name, ""]
+            case ToolCallArgsDelta(index=index, text=text):
+                self._calls.setdefault(index, ["", "", ""])[2] += text
+            case ToolCallEnd(index=index, arguments=arguments):
+                self._calls.setdefault(index, ["", "", ""])[2] = arguments
+            case Finished():
+                self._finished = event
+
+    def result(self) -> dict:
+        """The completion; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
+        finished = self._finished
+        if finished is None:
+            raise ReportedError("engine_error", "the engine ended the request without a finish event")
+        if finished.reason is FinishReason.ABORT:
+            raise Overloaded("the request was aborted before it finished; retry it")
+        if finished.reason is FinishReason.ERROR:
+            error = finished_error(finished)
+            raise ReportedError(error.code, error.message)
+        return {
+            "id": self.completion_id,
+            "object": wire.CHAT_COMPLETION,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{
+                "index": 0,
+                "message": self._message(),
+                "logprobs": None,
+                "finish_reason": wire.FINISH_REASONS[finished.reason],
+            }],
+            "usage": usage_body(finished.usage, saw_reasoning=bool(self._reasoning)),
+        }
+
+    def _message(self) -> dict:
+        text = "".join(self._text)
+        message: dict = {"role": "assistant", "content": text if text or not self._calls else None}
+        if self._reasoning:
+            message[wire.REASONING_FIELD] = "".join(self._reasoning)
+        if self._calls:
+            message["tool_calls"] = [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                for _, (call_id, name, arguments) in sorted(self._calls.items())
+            ]
+        return message

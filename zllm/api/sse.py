@@ -1,0 +1,189 @@
+"""Server-sent events: the writer, and the pump that runs one request's events out to the client.
+
+Frames on the wire (an `event:` line only when a protocol names its events, as Anthropic's must):
+
+    HTTP/1.1 200 OK
+    Content-Type: text/event-stream
+    Cache-Control: no-cache
+
+    data: {"id":"chatcmpl-…","object":"chat.completion.chunk",…}
+
+    event: message_start
+    data: {"type":"message_start",…}
+
+    : keep-alive
+
+    data: [DONE]
+
+A client that goes away (the handler is cancelled, or a write finds the socket closed) aborts the engine
+request and ends the handler quietly: a hang-up is normal for streaming clients, not an error to log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from zllm.api.errors import ApiError, describe_exception
+from zllm.canonical import Event, Finished, RequestStream
+
+log = logging.getLogger("zllm.api")
+
+# ClientConnectionResetError (aiohttp's "Cannot write to closing transport") subclasses ConnectionResetError.
+CLIENT_GONE = (ConnectionResetError, BrokenPipeError)
+
+DEFAULT_HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True)
+class SseMessage:
+    """A frame with an `event:` name. Encoders may also yield a bare dict or str for a data-only frame."""
+
+    data: dict | str
+    event: str | None = None
+
+
+SsePayload = SseMessage | dict | str
+
+
+def encode_frame(payload: SsePayload) -> bytes:
+    message = payload if isinstance(payload, SseMessage) else SseMessage(payload)
+    data = message.data if isinstance(message.data, str) else json.dumps(message.data, separators=(",", ":"))
+    head = f"event: {message.event}\n" if message.event else ""
+    # json.dumps never emits a raw newline, so one data: line is always enough for JSON payloads.
+    lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"{head}{lines}\n".encode()
+
+
+class _EventStreamResponse(web.StreamResponse):
+    # Hold the headers back until the first frame so both leave in one write: a client's first read then
+    # already shows the stream has started. (aiohttp's own flag; without it the headers just go out alone.)
+    _send_headers_immediately = False
+
+
+class SseWriter:
+    def __init__(self, request: web.Request):
+        self.request = request
+        self.response = _EventStreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                # tells reverse proxies (nginx) not to buffer the stream
+                "X-Accel-Buffering": "no",
+            },
+        )
+
+    async def open(self) -> None:
+        await self.response.prepare(self.request)
+
+    async def send(self, payloads: Iterable[SsePayload]) -> None:
+        data = b"".join(encode_frame(p) for p in payloads)
+        if data:
+            await self.response.write(data)
+
+    async def send_comment(self, text: str) -> None:
+        await self.response.write(f": {text}\n\n".encode())
+
+    async def close(self) -> None:
+        try:
+            await self.response.write_eof()
+        except CLIENT_GONE:
+            pass  # some clients (Codex) hang up right after the last event, before the chunked terminator
+
+
+class StreamEncoder(Protocol):
+    """A protocol's streaming state machine: canonical events in, SSE payloads out."""
+
+    def start(self) -> list[SsePayload]: ...
+
+    def feed(self, event: Event) -> list[SsePayload]: ...
+
+    def fail(self, error: ApiError) -> list[SsePayload]:
+        """Payloads that report `error` to the client mid-stream."""
+        ...
+
+
+async def stream_sse(
+    request: web.Request,
+    stream: RequestStream,
+    encoder: StreamEncoder,
+    *,
+    heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+) -> web.StreamResponse:
+    """Run `stream` out to the client as SSE. Aborts `stream` if the client goes away before it finished."""
+    pump = _SsePump(stream, SseWriter(request), encoder, heartbeat_s)
+    try:
+        await pump.run()
+    except asyncio.CancelledError:
+        # handler_cancellation: aiohttp cancels the handler when the connection drops.
+        pump.abort_unfinished()
+        raise
+    except CLIENT_GONE:
+        pump.abort_unfinished()
+    except Exception as exc:  # a bug in the pump or encoder: report it in-stream, never as a traceback
+        pump.abort_unfinished()
+        await pump.report_failure(describe_exception(exc))
+    return pump.writer.response
+
+
+class _SsePump:
+    def __init__(self, stream: RequestStream, writer: SseWriter, encoder: StreamEncoder, heartbeat_s: float | None):
+        self.stream = stream
+        self.writer = writer
+        self.encoder = encoder
+        self.heartbeat_s = heartbeat_s
+        # set once Finished went out: a client hanging up after that (Codex does) is a normal end
+        self.finished = False
+
+    async def run(self) -> None:
+        await self.writer.open()
+        await self.writer.send(self.encoder.start())
+        await self._send_events()
+        await self.writer.close()
+
+    def abort_unfinished(self) -> None:
+        if not self.finished:
+            self.stream.abort()
+            log.info("client disconnected; aborted %s", self.stream.request_id)
+
+    async def report_failure(self, error: ApiError) -> None:
+        try:
+            await self.writer.send(self.encoder.fail(error))
+            await self.writer.close()
+        except CLIENT_GONE:
+            pass
+
+    async def _send_events(self) -> None:
+        """Send the stream's events until `Finished`; while none arrives for `heartbeat_s` (a long prefill),
+        send an SSE comment.
+
+        Comments keep idle-timeout proxies and clients from giving up, and a write to a closed socket notices a
+        vanished client even without handler cancellation.
+        """
+        events = aiter(self.stream)
+        pending: asyncio.Future | None = None
+        try:
+            while not self.finished:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=self.heartbeat_s)
+                if not done:
+                    await self.writer.send_comment("keep-alive")
+                    continue
+                ready, pending = pending, None
+                try:
+                    event = ready.result()
+                except StopAsyncIteration:
+                    return
+                self.finished = isinstance(event, Finished)
+                await self.writer.send(self.encoder.feed(event))
+        finally:
+            if pending is not None:
+                pending.cancel()
