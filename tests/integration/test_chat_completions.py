@@ -130,7 +130,11 @@ def test_client_disconnect_aborts_the_request(daemon, client: openai.OpenAI) -> 
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
         )
-        assert b"data:" in sock.recv(65536)  # the stream has started
+        received = b""
+        while b"data:" not in received:  # the stream has started
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed before the stream started"
+            received += chunk
     deadline = time.monotonic() + 20
     while "abort" not in daemon.log() and time.monotonic() < deadline:
         time.sleep(0.1)
