@@ -23,7 +23,7 @@ def serve(
     data_dir: Path = typer.Option(None, "--data-dir", help="Where models are stored. [env: ZLLM_DATA_DIR]"),
     log_level: str = typer.Option(None, "--log-level", help="debug, info, warning. [env: ZLLM_LOG_LEVEL]"),
 ) -> None:
-    """Serve a model over the OpenAI and Anthropic APIs in the foreground."""
+    """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
     from zllm import daemon
     from zllm.config import load_settings
     from zllm.models.progress import RichPullProgress

@@ -1,0 +1,1 @@
+complete --command zllm --no-files --arguments "(env _ZLLM_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) zllm)" --condition "env _ZLLM_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) zllm"
