@@ -8,6 +8,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from zllm.errors import ZllmError
 
@@ -21,11 +22,12 @@ def print_json(data: object) -> None:
 
 
 def fail(message: str, *, hint: str | None = None, cause: str | None = None, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error[/]: {message}")
+    # messages carry paths and brackets of their own: escape them so rich does not eat them as markup
+    err.print(f"[bold red]error[/]: {escape(message)}")
     if cause:
-        err.print(f"  [bold]Caused by[/]: {cause}")
+        err.print(f"  [bold]Caused by[/]: {escape(cause)}")
     if hint:
-        err.print(f"[bold cyan]hint[/]: {hint}")
+        err.print(f"[bold cyan]hint[/]: {escape(hint)}")
     raise typer.Exit(code)
 
 
