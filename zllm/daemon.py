@@ -81,9 +81,14 @@ async def serve_forever(settings: Settings, served: Served) -> None:
         engine.close()
 
 
-def run(settings: Settings, progress=None) -> None:
+def run(settings: Settings, progress_factory=None) -> None:
+    """`progress_factory()` gives a context-managed `PullProgress`, used only if the model must be pulled."""
     check_exposure(settings)
-    served = resolve_model(settings, progress)
+    if progress_factory is None:
+        served = resolve_model(settings)
+    else:
+        with progress_factory() as progress:
+            served = resolve_model(settings, progress)
     try:
         import uvloop
 

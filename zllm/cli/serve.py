@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from zllm.cli.output import fail_with
+from zllm.cli.output import err, fail_with
 from zllm.errors import ZllmError
 
 
@@ -26,7 +26,7 @@ def serve(
     """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
     from zllm import daemon
     from zllm.config import load_settings
-    from zllm.models.progress import RichPullProgress
+    from zllm.models import RichPullProgress
 
     try:
         settings = load_settings(
@@ -36,7 +36,7 @@ def serve(
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-        daemon.run(settings, progress=RichPullProgress())
+        daemon.run(settings, progress_factory=lambda: RichPullProgress(console=err))
     except ZllmError as exc:
         fail_with(exc)
 

@@ -1,0 +1,68 @@
+"""Forward passes over a caller-owned KV cache: prefill a prompt (or append to a kept cache), decode one token.
+
+The cache is a `transformers.DynamicCache` the runtime creates per request and passes in, so it can later be
+kept, cropped, saved and restored by the prefix cache. Positions continue from the cache's length, which is
+why an append-prefill on a kept cache gives the same logits as a full prefill.
+
+Every method must run under `torch.inference_mode()` (the engine thread enters it once for its whole life;
+entering it per step would cost a few microseconds per token for nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+# Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
+# gives the caller a point between chunks to notice an abort.
+DEFAULT_PREFILL_CHUNK = 2048
+
+
+class ModelRunner:
+    """Runs `model` forward for one sequence (batch 1) at a time. Owns no per-request state."""
+
+    def __init__(self, model: PreTrainedModel, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        assert prefill_chunk > 0
+        self.model = model
+        self.config = model.config
+        self.device = model.device
+        self.prefill_chunk = prefill_chunk
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    def as_input(self, token_ids: Sequence[int]) -> torch.Tensor:
+        # [1, n] on the model's device
+        return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+
+    def prefill(
+        self,
+        token_ids: Sequence[int] | torch.Tensor,
+        cache: DynamicCache,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> torch.Tensor | None:
+        """Append `token_ids` to `cache`; return the logits after the last one, `[vocab]`.
+
+        Works on an empty cache (new prefill) and on a kept one (append prefill). Returns None when
+        `should_stop()` turned true between chunks (the cache then holds a prefix of the tokens).
+        """
+        ids = token_ids if isinstance(token_ids, torch.Tensor) else self.as_input(token_ids)  # [1, n]
+        assert ids.dim() == 2 and ids.shape[0] == 1 and ids.shape[1] > 0, "prefill needs [1, n>0] token ids"
+        logits = None
+        for start in range(0, ids.shape[1], self.prefill_chunk):
+            if should_stop is not None and should_stop():
+                return None
+            logits = self._forward(ids[:, start:start + self.prefill_chunk], cache)
+        return logits
+
+    def decode(self, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """One decode step. token: [1, 1] long on the device; returns the next logits, `[vocab]`."""
+        return self._forward(token, cache)
+
+    def _forward(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        # logits_to_keep=1: only the last position goes through lm_head (vocab can be 150K wide)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]  # [vocab]

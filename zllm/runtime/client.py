@@ -1,0 +1,157 @@
+"""`LocalEngineClient`: the production `zllm.canonical.EngineClient`, serving one loaded model in-process.
+
+    client = LocalEngineClient.from_model_dir(path, settings, name="smollm2", created=added_at)
+    stream = await client.submit(request)                              # raises ZllmError before any event
+    async for event in stream: ...                                     # TextDelta..., then exactly one Finished
+    client.close()                                                     # aborts live requests, stops the thread
+    # or, from an already loaded model: LocalEngineClient(load_model(path, ...), "smollm2", created)
+
+Prompt rendering runs in the default thread-pool executor (a 30K-token prompt takes tens of milliseconds to
+tokenize; the event loop must not stall on it); all torch work runs on the engine thread (engine_loop.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from zllm.canonical import ChatRequest, Event, Finished, ModelCard
+from zllm.config import Settings
+from zllm.engine.loader import LoadedModel, load_model
+from zllm.engine.runner import ModelRunner
+from zllm.engine.sampler import SamplingConfig
+from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
+from zllm.runtime.engine_loop import EngineLoop, EngineRequest
+
+
+class LocalRequestStream:
+    """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
+
+    def __init__(self, request_id: str, prompt_tokens: int, engine_request: EngineRequest,
+                 events: asyncio.Queue[Event]):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._engine_request = engine_request
+        self._events = events
+        self._iterated = False
+        self._finished = False
+
+    def abort(self) -> None:
+        self._engine_request.abort()
+
+    async def __aiter__(self):
+        if self._iterated:
+            raise RuntimeError("a request stream can be iterated only once")
+        self._iterated = True
+        try:
+            while True:
+                event = await self._events.get()
+                if isinstance(event, Finished):
+                    self._finished = True
+                yield event
+                if self._finished:
+                    return
+        finally:
+            if not self._finished:  # the consumer stopped listening before the end: stop generating
+                self.abort()
+
+
+class LocalEngineClient:
+    def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64):
+        self.loaded = loaded
+        self.model_name = model_name
+        self.created = created
+        self.max_queue = max_queue
+        self.renderer = PromptRenderer(loaded.tokenizer)
+        self.stop_token_ids = model_stop_token_ids(
+            loaded.tokenizer,
+            getattr(loaded.model.generation_config, "eos_token_id", None),
+            loaded.model.config.get_text_config().eos_token_id,
+        )
+        self.engine = EngineLoop(ModelRunner(loaded.model), loaded.tokenizer, self.stop_token_ids,
+                                 threads=loaded.threads)
+        self.engine.start()
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        created: int | None = None,
+    ) -> LocalEngineClient:
+        """Load `model_dir` with the settings' device/dtype/threads/context_length/max_queue and serve it.
+
+        `name` (the model id clients must send) defaults to `settings.model`; `created` to the dir's mtime.
+        """
+        model_dir = Path(model_dir)
+        loaded = load_model(model_dir, device=settings.device, dtype=settings.dtype, threads=settings.threads,
+                            context_length=settings.context_length)
+        return cls(
+            loaded,
+            model_name=name or settings.model,
+            created=created if created is not None else int(model_dir.stat().st_mtime),
+            max_queue=settings.max_queue,
+        )
+
+    @property
+    def context_length(self) -> int:
+        return self.loaded.context_length
+
+    def models(self) -> list[ModelCard]:
+        return [ModelCard(id=self.model_name, created=self.created, context_length=self.context_length)]
+
+    async def submit(self, request: ChatRequest) -> LocalRequestStream:
+        self._check_model(request.model)
+        self._check_queue()
+        prompt = await self._render(request)
+        prompt_tokens = len(prompt.token_ids)
+        room = self.context_length - prompt_tokens
+        if room < 1:  # the prompt must leave room for at least one output token
+            raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        self._check_queue()  # again: others may have queued while this prompt was rendering
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        engine_request = EngineRequest(
+            request_id=request.id,
+            prompt_ids=prompt.token_ids,
+            sampling=_sampling_config(request),
+            max_tokens=min(request.sampling.max_tokens or room, room),
+            sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+            stop_strings=request.sampling.stop,
+            stop_token_ids=frozenset(request.sampling.stop_token_ids),
+        )
+        stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
+        self.engine.submit(engine_request)
+        return stream
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        self._check_model(request.model)
+        return len((await self._render(request)).token_ids)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
+        self.engine.shutdown(timeout)
+
+    async def aclose(self, timeout: float | None = 30.0) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
+
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise ModelNotFound(model, available=[self.model_name])
+
+    def _check_queue(self) -> None:
+        if self.engine.waiting >= self.max_queue:
+            raise Overloaded(f"{self.engine.waiting} requests are already waiting for the engine",
+                             hint="retry shortly, or raise --max-queue")
+
+    async def _render(self, request: ChatRequest) -> RenderedPrompt:
+        return await asyncio.get_running_loop().run_in_executor(None, self.renderer.render, request)
+
+
+def _sampling_config(request: ChatRequest) -> SamplingConfig:
+    params = request.sampling
+    return SamplingConfig(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
