@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as transformers_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zllm.errors import ConfigError
@@ -72,6 +73,8 @@ def load_model(
     apply_threads(threads)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    # a per-tensor "Loading weights" bar is noise in a daemon log: loading a stored model takes a second
+    transformers_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
     model.to(torch_device).eval()

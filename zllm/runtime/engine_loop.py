@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,6 +75,8 @@ class ActiveRequest:
     sampler: Sampler
     output: OutputProcessor
     logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
+    admitted_at: float = field(default_factory=time.perf_counter)
+    prefilled_at: float | None = None
 
     def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
         usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens)
@@ -153,6 +156,7 @@ class EngineLoop:
         request.emit(finished)
         with self._lock:
             self._live.discard(request)
+        _log_finished(request, finished, active)
 
     def _run(self, active: ActiveRequest) -> Finished:
         if active.logits is None:  # aborted while queued or during prefill
@@ -170,6 +174,7 @@ class EngineLoop:
         )
         if not request.aborted.is_set():
             active.logits = self.runner.prefill(request.prompt_ids, active.cache, should_stop=request.aborted.is_set)
+            active.prefilled_at = time.perf_counter()
         return active
 
     def step(self, active: ActiveRequest) -> Finished | None:
@@ -194,6 +199,21 @@ class EngineLoop:
             max_tokens=request.max_tokens,
             token_text=lambda token_id: self._token_text([token_id]),
         )
+
+
+def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequest | None) -> None:
+    """One line per request, for people reading the daemon log (and for tests of abort/finish)."""
+    usage = finished.usage
+    timing = ""
+    if active is not None and active.prefilled_at is not None:
+        prefill_s = active.prefilled_at - active.admitted_at
+        decode_s = time.perf_counter() - active.prefilled_at
+        decode_rate = usage.completion_tokens / decode_s if decode_s > 0 else 0.0
+        timing = f" prefill {prefill_s:.2f}s ({usage.prompt_tokens / max(prefill_s, 1e-9):.0f} tok/s), decode {decode_rate:.1f} tok/s"
+    log.info(
+        "%s finished: %s, prompt %d tok, output %d tok%s",
+        request.request_id, finished.reason.value, usage.prompt_tokens, usage.completion_tokens, timing,
+    )
 
 
 def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int) -> Finished:
