@@ -64,6 +64,8 @@ class Settings:
             raise ConfigError(f"device must be auto, cpu or cuda[:N], not {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.max_queue < 1:
+            raise ConfigError("max_queue must be >= 1")
         if self.context_length < 0:
             raise ConfigError("context_length must be >= 0")
 

@@ -20,6 +20,7 @@ def serve(
     dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
     context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
     api_key: str = typer.Option(None, "--api-key", help="Require this key on every request. [env: ZLLM_API_KEY]"),
+    max_queue: int = typer.Option(None, "--max-queue", help="Requests waiting for the engine before new ones get 503. [env: ZLLM_MAX_QUEUE]"),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where models are stored. [env: ZLLM_DATA_DIR]"),
     log_level: str = typer.Option(None, "--log-level", help="debug, info, warning. [env: ZLLM_LOG_LEVEL]"),
 ) -> None:
@@ -31,7 +32,7 @@ def serve(
     try:
         settings = load_settings(
             model=model, host=host, port=port, threads=threads, device=device, dtype=dtype,
-            context_length=context_length, api_key=api_key, data_dir=data_dir, log_level=log_level,
+            context_length=context_length, api_key=api_key, max_queue=max_queue, data_dir=data_dir, log_level=log_level,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
