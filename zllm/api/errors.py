@@ -9,7 +9,8 @@ renders it in its own shape with an `ErrorShape` function. OpenAI's (the default
     {"error": {"message": "prompt is too long: 9000 tokens > 8192 maximum",
                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
 
-A route picks its shape with `@uses_error_shape(fn)`; the error middleware (app.py) reads it back with
+A route picks its shape with `@uses_error_shape(fn)` (or, shared by several protocols, per request with
+`@chooses_error_shape(fn)`); the error middleware (app.py) reads it back with
 `error_shape_for(request)`, so the Anthropic and Responses APIs plug in their own shapes without touching
 the mapping itself.
 """
@@ -54,6 +55,9 @@ _BY_CODE: dict[str, tuple[int, ErrorKind]] = {
     "invalid_request": (400, "invalid_request"),
     "context_length_exceeded": (400, "invalid_request"),
     "model_not_found": (404, "not_found"),
+    # OpenAI Responses (api/openai_responses/chain.py)
+    "previous_response_not_found": (404, "not_found"),
+    "response_not_found": (404, "not_found"),
     "invalid_api_key": (401, "authentication"),
     "overloaded": (503, "overloaded"),
     "engine_error": (500, "server_error"),
@@ -122,6 +126,23 @@ def openai_error_body(error: ApiError) -> dict:
     }
 
 
+# Anthropic: `{"type":"error","error":{"type":…,"message":…}}`. Overloaded stays 503 rather than Anthropic's
+# own 529: the SDK and Claude Code retry every 5xx, and 503 is what generic proxies and tools understand.
+_ANTHROPIC_TYPES: dict[ErrorKind, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "not_found": "not_found_error",
+    "request_too_large": "request_too_large",
+    "overloaded": "overloaded_error",
+    "server_error": "api_error",
+}
+
+
+def anthropic_error_body(error: ApiError) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(error.kind, "api_error"),
+                                       "message": error.message}}
+
+
 _Handler = TypeVar("_Handler", bound=Callable)
 
 
@@ -135,8 +156,21 @@ def uses_error_shape(shape: ErrorShape) -> Callable[[_Handler], _Handler]:
     return mark
 
 
+def chooses_error_shape(choose: Callable[[web.Request], ErrorShape]) -> Callable[[_Handler], _Handler]:
+    """Route decorator for routes several protocols share (`GET /v1/models`): the shape depends on the request."""
+
+    def mark(handler: _Handler) -> _Handler:
+        handler.error_shape_chooser = choose  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
 def error_shape_for(request: web.Request) -> ErrorShape:
     handler = request.match_info.handler
+    choose = getattr(handler, "error_shape_chooser", None)
+    if choose is not None:
+        return choose(request)
     return getattr(handler, "error_shape", openai_error_body)
 
 

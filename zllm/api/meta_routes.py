@@ -6,6 +6,9 @@
                                                            "context_length": 8192}]}
     GET /v1/models/{id}    → one of those objects, or 404 model_not_found
 
+With an `anthropic-version` header (Anthropic clients) both answer, and fail, in Anthropic's shape instead
+(anthropic_messages/models.py).
+
 Model ids may contain "/" (Hugging Face style), so `{id}` matches the rest of the path.
 """
 
@@ -13,8 +16,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from zllm.api.anthropic_messages.models import anthropic_model, anthropic_model_list, speaks_anthropic
 from zllm.api.context import engine_of
-from zllm.api.errors import openai_error_body, uses_error_shape
+from zllm.api.errors import ErrorShape, anthropic_error_body, chooses_error_shape, openai_error_body
 from zllm.canonical import ModelCard
 from zllm.errors import ModelNotFound
 
@@ -29,19 +33,25 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "models": [card.id for card in engine_of(request).models()]})
 
 
-@uses_error_shape(openai_error_body)
+def _error_shape(request: web.Request) -> ErrorShape:
+    return anthropic_error_body if speaks_anthropic(request) else openai_error_body
+
+
+@chooses_error_shape(_error_shape)
 async def list_models(request: web.Request) -> web.Response:
     cards = engine_of(request).models()
+    if speaks_anthropic(request):
+        return web.json_response(anthropic_model_list(cards))
     return web.json_response({"object": "list", "data": [openai_model(card) for card in cards]})
 
 
-@uses_error_shape(openai_error_body)
+@chooses_error_shape(_error_shape)
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     cards = engine_of(request).models()
     for card in cards:
         if card.id == model_id:
-            return web.json_response(openai_model(card))
+            return web.json_response(anthropic_model(card) if speaks_anthropic(request) else openai_model(card))
     raise ModelNotFound(model_id, available=[card.id for card in cards])
 
 

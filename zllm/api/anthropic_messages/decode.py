@@ -1,0 +1,97 @@
+"""Anthropic Messages request JSON → canonical `ChatRequest` (for generation and for count_tokens).
+
+    POST /v1/messages?beta=true
+    {"model": "tiny-qwen", "max_tokens": 32000, "stream": true,
+     "system": [{"type": "text", "text": "You are…", "cache_control": {"type": "ephemeral"}}],
+     "messages": [{"role": "user", "content": "hi"}],
+     "tools": [{"name": "Bash", "input_schema": {…}}], "tool_choice": {"type": "auto"},
+     "stop_sequences": ["\\n\\nHuman:"], "temperature": 1, "top_p": 0.9, "top_k": 40,
+     "thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "high"},
+     "context_management": {…}, "metadata": {"user_id": "{…}"}}
+
+`max_tokens` is required, as Anthropic requires it; a value above the room left in the window is clamped by
+the engine (Claude Code always asks for 32000), never rejected. count_tokens bodies carry no `max_tokens`.
+`thinking` is validated as an object and otherwise ignored: the canonical request has no reasoning switch
+yet, and a model that reasons does so whatever it says (its thinking is streamed as thinking blocks).
+Validation errors are `InvalidRequest` naming the field; unknown fields and betas are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zllm.api.anthropic_messages.conversation import decode_conversation
+from zllm.api.anthropic_messages.tools import decode_tool_choice, decode_tools, forced_tool_name
+from zllm.api.fields import check_type, optional, required
+from zllm.canonical import ChatRequest, SamplingParams
+from zllm.errors import InvalidRequest
+
+API_NAME = "anthropic_messages"
+
+
+@dataclass(frozen=True)
+class MessagesCall:
+    """A decoded request plus the wire option only the route cares about."""
+
+    request: ChatRequest
+    stream: bool
+
+
+def decode_messages_request(body: dict, *, request_id: str, namespace: str) -> MessagesCall:
+    max_tokens = required(body, "max_tokens", "integer")
+    if max_tokens < 1:
+        raise InvalidRequest(f"`max_tokens` must be at least 1, got {max_tokens}", param="max_tokens")
+    request = _decode_request(body, request_id=request_id, namespace=namespace, max_tokens=max_tokens)
+    return MessagesCall(request=request, stream=bool(optional(body, "stream", "boolean")))
+
+
+def decode_count_tokens_request(body: dict, *, request_id: str, namespace: str) -> ChatRequest:
+    """The request whose prompt count_tokens measures: the same decoding as generation, minus max_tokens."""
+    return _decode_request(body, request_id=request_id, namespace=namespace, max_tokens=None)
+
+
+def _decode_request(body: dict, *, request_id: str, namespace: str, max_tokens: int | None) -> ChatRequest:
+    model = required(body, "model", "string")
+    if not model.strip():
+        raise InvalidRequest("`model` must not be empty", param="model")
+    optional(body, "thinking", "object")
+    conversation = decode_conversation(body, model)
+    loaded = set(conversation.referenced_tools)
+    forced = forced_tool_name(body.get("tool_choice"))
+    if forced:
+        loaded.add(forced)
+    tools = decode_tools(body.get("tools"), loaded=loaded)
+    return ChatRequest(
+        id=request_id,
+        model=model,
+        messages=tuple(conversation.messages),
+        sampling=_decode_sampling(body, max_tokens),
+        tools=tools,
+        tool_choice=decode_tool_choice(body.get("tool_choice"), has_tools=bool(tools)),
+        namespace=namespace,
+        api=API_NAME,
+    )
+
+
+def _decode_sampling(body: dict, max_tokens: int | None) -> SamplingParams:
+    defaults = SamplingParams()
+    temperature = optional(body, "temperature", "number")
+    top_p = optional(body, "top_p", "number")
+    top_k = optional(body, "top_k", "integer")
+    return SamplingParams(
+        temperature=defaults.temperature if temperature is None else float(temperature),
+        top_p=defaults.top_p if top_p is None else float(top_p),
+        top_k=defaults.top_k if top_k is None else max(top_k, 0),
+        max_tokens=max_tokens,
+        stop=_decode_stop_sequences(body.get("stop_sequences")),
+    )
+
+
+def _decode_stop_sequences(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = check_type(raw, "array", "stop_sequences")
+    stops = tuple(check_type(item, "string", f"stop_sequences[{i}]") for i, item in enumerate(items))
+    if any(not stop for stop in stops):
+        raise InvalidRequest("`stop_sequences` must be non-empty strings", param="stop_sequences")
+    return stops

@@ -1,0 +1,217 @@
+"""Canonical events → Anthropic Messages SSE (every frame names its event; `ping` follows `message_start`):
+
+    event: message_start
+    data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m",
+           "content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,
+           "cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}
+    event: ping                 data: {"type":"ping"}
+    event: content_block_start  data: {…,"index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}
+    event: content_block_delta  data: {…,"index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}
+    event: content_block_delta  data: {…,"index":0,"delta":{"type":"signature_delta","signature":"zllm1.…"}}
+    event: content_block_stop   data: {"type":"content_block_stop","index":0}
+    … index 1: {"type":"text","text":""} → text_delta …
+    … index 2: {"type":"tool_use","id":"toolu_…","name":"sh","input":{}} → input_json_delta …
+    event: message_delta  data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},
+                                 "usage":{"input_tokens":6,"cache_creation_input_tokens":0,
+                                          "cache_read_input_tokens":4,"output_tokens":12}}
+    event: message_stop   data: {"type":"message_stop"}
+
+Blocks open lazily in event order, one at a time, with increasing indexes: a block closes when a block of
+another kind starts (a tool_use block also at its ToolCallEnd). Empty deltas open nothing.
+
+Usage follows Anthropic: `input_tokens` counts only the prompt tokens not read from the cache, so
+input_tokens + cache_read_input_tokens (+ cache_creation_input_tokens, always 0: zllm caches as a side
+effect, at no extra cost) is the whole prompt, the number count_tokens returns. message_start cannot know the
+cache split yet (it is sent before prefill), so it reports the whole prompt as input; message_delta carries
+the final split (usage there is cumulative and overrides, in the SDK and in Claude Code).
+
+ABORT ends the stream without message_stop. ERROR is `event: error` with
+`{"type":"error","error":{"type":"api_error"|"overloaded_error"|…,"message":…}}`.
+Tool-use ids are minted here (`toolu_` + random hex), one per call, whatever id the runtime gave it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from zllm import ids
+from zllm.api.anthropic_messages import wire
+from zllm.api.anthropic_messages.signature import sign_thinking
+from zllm.api.errors import ApiError, anthropic_error_body, describe_code
+from zllm.api.sse import SseMessage
+from zllm.canonical import (
+    Event,
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+log = logging.getLogger("zllm.api")
+
+
+def frame(data: dict) -> SseMessage:
+    return SseMessage(data, event=data["type"])
+
+
+def usage_body(usage: Usage) -> dict:
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+    }
+
+
+def finished_error(finished: Finished) -> ApiError:
+    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
+
+
+def new_message_id() -> str:
+    return ids.new_id("msg")
+
+
+def new_tool_use_id() -> str:
+    return ids.new_id("toolu")
+
+
+@dataclass
+class _OpenBlock:
+    index: int
+    kind: str                      # wire.TEXT | wire.THINKING | wire.TOOL_USE
+    tool_index: int | None = None  # the canonical call index of a tool_use block
+    # thinking text (signed at close) or the tool arguments streamed so far
+    text: list[str] = field(default_factory=list)
+
+
+class MessagesStreamEncoder:
+    """One streaming request's state machine: canonical events in, `SseMessage` frames out."""
+
+    def __init__(self, *, message_id: str, model: str, prompt_tokens: int):
+        self.message_id = message_id
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self._open: _OpenBlock | None = None
+        self._next_index = 0
+        self._saw_tool_use = False
+
+    def start(self) -> list[SseMessage]:
+        message = {
+            "id": self.message_id, "type": wire.MESSAGE, "role": wire.ASSISTANT, "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": usage_body(Usage(prompt_tokens=self.prompt_tokens, completion_tokens=0)),
+        }
+        return [frame({"type": "message_start", "message": message}), frame({"type": "ping"})]
+
+    def feed(self, event: Event) -> list[SseMessage]:
+        match event:
+            case TextDelta(text=text):
+                return self._delta(wire.TEXT, {"type": "text_delta", "text": text}, text)
+            case ReasoningDelta(text=text):
+                return self._delta(wire.THINKING, {"type": "thinking_delta", "thinking": text}, text)
+            case ToolCallStart():
+                return self._tool_use_start(event)
+            case ToolCallArgsDelta(index=index, text=text):
+                return self._tool_arguments(index, text)
+            case ToolCallEnd(index=index, arguments=arguments):
+                return self._tool_use_end(index, arguments)
+            case Finished():
+                return self._finish(event)
+        raise TypeError(f"not a canonical event: {event!r}")
+
+    def fail(self, error: ApiError) -> list[SseMessage]:
+        return [frame(anthropic_error_body(error))]
+
+    # blocks -------------------------------------------------------------------------------------------------
+
+    def _delta(self, kind: str, delta: dict, text: str) -> list[SseMessage]:
+        if not text:
+            return []
+        frames = [] if self._open and self._open.kind == kind else self._switch_to(kind, {"type": kind, kind: ""})
+        assert self._open is not None
+        self._open.text.append(text)
+        return [*frames, self._delta_frame(delta)]
+
+    def _switch_to(self, kind: str, content_block: dict, tool_index: int | None = None) -> list[SseMessage]:
+        frames = self._close()
+        if kind == wire.THINKING:
+            content_block["signature"] = ""
+        self._open = _OpenBlock(self._next_index, kind, tool_index)
+        self._next_index += 1
+        return [*frames, frame({"type": "content_block_start", "index": self._open.index,
+                                "content_block": content_block})]
+
+    def _close(self) -> list[SseMessage]:
+        block, self._open = self._open, None
+        if block is None:
+            return []
+        frames = []
+        if block.kind == wire.THINKING:
+            signature = sign_thinking(self.model, "".join(block.text))
+            frames.append(self._delta_frame({"type": "signature_delta", "signature": signature}, block.index))
+        return [*frames, frame({"type": "content_block_stop", "index": block.index})]
+
+    def _delta_frame(self, delta: dict, index: int | None = None) -> SseMessage:
+        index = self._open.index if index is None else index  # type: ignore[union-attr]
+        return frame({"type": "content_block_delta", "index": index, "delta": delta})
+
+    # tool_use ------------------------------------------------------------------------------------------------
+
+    def _tool_use_start(self, event: ToolCallStart) -> list[SseMessage]:
+        self._saw_tool_use = True
+        block = {"type": wire.TOOL_USE, "id": new_tool_use_id(), "name": event.name, "input": {}}
+        return self._switch_to(wire.TOOL_USE, block, tool_index=event.index)
+
+    def _open_tool(self, index: int) -> _OpenBlock | None:
+        block = self._open
+        if block is None or block.kind != wire.TOOL_USE or block.tool_index != index:
+            # tool_use blocks cannot be reopened; dialects emit calls one after another, so this is a bug
+            log.warning("tool call %d is not the open content block; dropping its arguments", index)
+            return None
+        return block
+
+    def _tool_arguments(self, index: int, text: str) -> list[SseMessage]:
+        block = self._open_tool(index)
+        if block is None or not text:
+            return []
+        block.text.append(text)
+        return [self._delta_frame({"type": "input_json_delta", "partial_json": text})]
+
+    def _tool_use_end(self, index: int, arguments: str) -> list[SseMessage]:
+        # A dialect that only knows the arguments at the end sends them here; stream what is still missing.
+        block = self._open_tool(index)
+        if block is None:
+            return []
+        streamed = "".join(block.text)
+        frames = []
+        if arguments.startswith(streamed):
+            frames = self._tool_arguments(index, arguments[len(streamed):])
+        else:
+            log.warning("tool call %d: final arguments do not extend the streamed ones; keeping the stream", index)
+        return [*frames, *self._close()]
+
+    # end -----------------------------------------------------------------------------------------------------
+
+    def _finish(self, finished: Finished) -> list[SseMessage]:
+        if finished.reason is FinishReason.ABORT:
+            return []
+        if finished.reason is FinishReason.ERROR:
+            return self.fail(finished_error(finished))
+        delta = {"stop_reason": self._stop_reason(finished.reason),
+                 "stop_sequence": finished.stop_sequence if finished.reason is FinishReason.STOP_SEQUENCE else None}
+        return [
+            *self._close(),
+            frame({"type": "message_delta", "delta": delta, "usage": usage_body(finished.usage)}),
+            frame({"type": "message_stop"}),
+        ]
+
+    def _stop_reason(self, reason: FinishReason) -> str:
+        # a turn that called tools ended for them, whatever token closed it
+        if reason is FinishReason.STOP and self._saw_tool_use:
+            return wire.STOP_REASONS[FinishReason.TOOL_CALLS]
+        return wire.STOP_REASONS[reason]

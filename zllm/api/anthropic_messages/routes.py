@@ -1,0 +1,75 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens` (both also with Claude Code's `?beta=true`).
+
+    POST /v1/messages               → SSE (`"stream": true`) or one `message` object
+    POST /v1/messages/count_tokens  → {"input_tokens": 1234}
+
+Errors before the first event (bad request, unknown model, prompt too long, overloaded) are plain HTTP
+errors in Anthropic's shape, `{"type":"error","error":{"type":…,"message":…}}`: the engine raises them from
+`submit`, so no broken stream is ever started. count_tokens renders with the same renderer as generation
+(`engine.count_tokens`) and never queues behind generation, so Claude Code's burst of 26 stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from zllm import ids
+from zllm.api.anthropic_messages.decode import decode_count_tokens_request, decode_messages_request
+from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
+from zllm.api.anthropic_messages.message import MessageBuilder
+from zllm.api.auth import request_namespace
+from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.errors import anthropic_error_body, uses_error_shape
+from zllm.api.fields import parse_json_object
+from zllm.api.sse import stream_sse
+from zllm.canonical import Finished, RequestStream
+
+log = logging.getLogger("zllm.api")
+
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+
+
+@uses_error_shape(anthropic_error_body)
+async def create_message(request: web.Request) -> web.StreamResponse:
+    body = parse_json_object(await request.read())
+    call = decode_messages_request(body, request_id=ids.request_id(), namespace=request_namespace(request))
+    stream = await engine_of(request).submit(call.request)
+    encoder = MessagesStreamEncoder(message_id=new_message_id(), model=call.request.model,
+                                    prompt_tokens=stream.prompt_tokens)
+    if call.stream:
+        return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
+    builder = MessageBuilder(encoder)
+    await _collect(stream, builder)
+    return web.json_response(builder.result())
+
+
+@uses_error_shape(anthropic_error_body)
+async def count_tokens(request: web.Request) -> web.Response:
+    body = parse_json_object(await request.read())
+    chat_request = decode_count_tokens_request(body, request_id=ids.request_id(),
+                                               namespace=request_namespace(request))
+    return web.json_response({"input_tokens": await engine_of(request).count_tokens(chat_request)})
+
+
+async def _collect(stream: RequestStream, builder: MessageBuilder) -> None:
+    try:
+        async for event in stream:
+            builder.feed(event)
+            if isinstance(event, Finished):
+                return  # done: a hang-up from here on must not abort a finished request
+    except asyncio.CancelledError:
+        stream.abort()  # the client hung up (handler cancellation): free the engine
+        log.info("client disconnected; aborted %s", stream.request_id)
+        raise
+    except Exception:
+        stream.abort()
+        raise
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(MESSAGES_PATH, create_message)
+    app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
