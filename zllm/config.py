@@ -50,6 +50,21 @@ class Settings:
     cache_dir: Path = field(default_factory=_default_cache_dir)
     state_dir: Path = field(default_factory=_default_state_dir)
     log_level: str = "info"
+    # OpenAI Responses: accept WebSocket mode on GET /v1/responses (426 when off; Codex then uses POST)
+    responses_websocket: bool = True
+    # stored responses (previous_response_id chains) kept in state_dir/responses.sqlite3; 0 = no bound
+    responses_max_stored: int = 10_000
+    responses_max_age_days: int = 30
+    # prefix cache, device tier: MB of KV kept resident (RAM on cpu); 0 = a fraction of device memory / RAM
+    cache_budget_mb: int = 0
+    # newest rounds of a conversation kept resident; 0 = keep nothing (every request cold)
+    cache_rounds: int = 4
+    # prefix cache, SSD tier: snapshots in cache_dir/kv that survive restarts
+    ssd_cache: bool = True
+    # SSD tier size bound in MB; 0 = 10 GiB or half the free disk, whichever is smaller
+    ssd_cache_mb: int = 0
+    # sequences shorter than this are not written to the SSD tier
+    ssd_min_tokens: int = 256
 
     @property
     def models_dir(self) -> Path:
@@ -68,6 +83,10 @@ class Settings:
             raise ConfigError("max_queue must be >= 1")
         if self.context_length < 0:
             raise ConfigError("context_length must be >= 0")
+        if self.responses_max_stored < 0 or self.responses_max_age_days < 0:
+            raise ConfigError("responses_max_stored and responses_max_age_days must be >= 0 (0 = no bound)")
+        if self.cache_budget_mb < 0 or self.cache_rounds < 0 or self.ssd_cache_mb < 0 or self.ssd_min_tokens < 1:
+            raise ConfigError("cache_budget_mb, cache_rounds and ssd_cache_mb must be >= 0, ssd_min_tokens >= 1")
 
 
 def env_name(setting: str) -> str:
@@ -79,11 +98,24 @@ def _coerce(name: str, raw: str, kind: type | str) -> object:
     try:
         if kind_name == "int":
             return int(raw)
+        if kind_name == "bool":
+            return _parse_bool(raw)
         if kind_name == "Path":
             return Path(raw).expanduser()
         return raw
     except ValueError:
         raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind_name}") from None
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError(raw)
 
 
 def load_settings(env: dict[str, str] | None = None, **overrides: object) -> Settings:

@@ -65,20 +65,32 @@ async def serve_forever(settings: Settings, served: Served) -> None:
     from zllm.api.app import create_app, start_site
     from zllm.runtime.client import LocalEngineClient
 
+    responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     engine = await asyncio.get_running_loop().run_in_executor(
         None, lambda: LocalEngineClient.from_model_dir(served.path, name=served.name, created=served.created, settings=settings)
     )
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    runner = await start_site(create_app(engine, api_key=settings.api_key), settings.host, settings.port)
+    app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket)
+    runner = await start_site(app, settings.host, settings.port)
     log.info("serving %s on http://%s:%d/v1", served.name, settings.host, settings.port)
     try:
         await stop.wait()
         log.info("shutting down")
     finally:
         await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
+        responses.close()       # after the app: its last saves have been written
         engine.close()
+
+
+def open_response_store(settings: Settings):
+    """The sqlite store behind `previous_response_id` (state_dir/responses.sqlite3), pruned on open."""
+    from zllm.store import ResponseStore
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
+                         max_age_s=settings.responses_max_age_days * 86400)
 
 
 def run(settings: Settings, progress_factory=None) -> None:

@@ -26,7 +26,16 @@ class Daemon:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="zllm-daemon-", suffix=".log", delete=False)
-        full_env = {**os.environ, "ZLLM_DATA_DIR": str(data_dir), "ZLLM_THREADS": "1", **(env or {})}
+        # state and cache dirs default to this daemon's own temp dir: tests never touch the user's
+        self.scratch = Path(tempfile.mkdtemp(prefix="zllm-daemon-"))
+        full_env = {
+            **os.environ,
+            "ZLLM_DATA_DIR": str(data_dir),
+            "ZLLM_STATE_DIR": str(self.scratch / "state"),
+            "ZLLM_CACHE_DIR": str(self.scratch / "cache"),
+            "ZLLM_THREADS": "1",
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "zllm", "serve", *(["--model", model] if model else []), "--port", str(self.port), *args],
             stdout=subprocess.DEVNULL, stderr=self._log, env=full_env,

@@ -19,12 +19,15 @@ import logging
 from aiohttp import web
 
 from zllm.api import meta_routes
+from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import auth_middleware
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
 from zllm.api.openai_chat import routes as openai_chat_routes
+from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_HEARTBEAT_S
 from zllm.canonical import EngineClient
+from zllm.store import ResponseStore
 
 log = logging.getLogger("zllm.api")
 
@@ -53,7 +56,11 @@ def create_app(
     api_key: str = "",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+    responses: ResponseStore | None = None,
+    websocket: bool = True,
 ) -> web.Application:
+    """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
+    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426)."""
     middlewares = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
@@ -62,6 +69,8 @@ def create_app(
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
+    openai_responses_routes.add_routes(app, store=responses, websocket=websocket)
+    anthropic_messages_routes.add_routes(app)
     return app
 
 

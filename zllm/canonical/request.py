@@ -104,6 +104,9 @@ class ChatRequest:
     namespace: str = ""
     # which API it came from, for traces only: the runtime never branches on it
     api: str = ""
+    # prefix-cache hint: a client key (`prompt_cache_key`) or an earlier request id to try first; always
+    # verified against the prompt tokens and namespace, so a wrong hint costs nothing but a lookup
+    cache_hint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.messages:

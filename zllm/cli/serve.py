@@ -23,6 +23,9 @@ def serve(
     max_queue: int = typer.Option(None, "--max-queue", help="Requests waiting for the engine before new ones get 503. [env: ZLLM_MAX_QUEUE]"),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where models are stored. [env: ZLLM_DATA_DIR]"),
     log_level: str = typer.Option(None, "--log-level", help="debug, info, warning. [env: ZLLM_LOG_LEVEL]"),
+    responses_websocket: bool = typer.Option(None, "--responses-websocket/--no-responses-websocket", help="Accept Responses WebSocket mode on GET /v1/responses (426 when off). [env: ZLLM_RESPONSES_WEBSOCKET; default: on]"),
+    responses_max_stored: int = typer.Option(None, "--responses-max-stored", help="Stored Responses kept for previous_response_id, 0 = no bound. [env: ZLLM_RESPONSES_MAX_STORED; default: 10000]"),
+    responses_max_age_days: int = typer.Option(None, "--responses-max-age-days", help="Days a stored Response is kept, 0 = no bound. [env: ZLLM_RESPONSES_MAX_AGE_DAYS; default: 30]"),
 ) -> None:
     """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
     from zllm import daemon
@@ -33,6 +36,8 @@ def serve(
         settings = load_settings(
             model=model, host=host, port=port, threads=threads, device=device, dtype=dtype,
             context_length=context_length, api_key=api_key, max_queue=max_queue, data_dir=data_dir, log_level=log_level,
+            responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
+            responses_max_age_days=responses_max_age_days,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

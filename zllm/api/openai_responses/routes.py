@@ -1,0 +1,109 @@
+"""OpenAI Responses routes.
+
+    POST   /v1/responses        → SSE (`event: response.created` / `data: {…}` …) or one JSON response object
+    GET    /v1/responses        → WebSocket (`Upgrade: websocket`, see websocket.py); 426 when disabled by
+                                  config (Codex then falls back to POST); 405 without an upgrade
+    GET    /v1/responses/{id}   → the stored response object (404 for unknown ids and other API keys' ones)
+    DELETE /v1/responses/{id}   → {"id": …, "object": "response", "deleted": true}
+
+Errors before the first event (bad body, unknown previous_response_id, unknown model, prompt too long) are
+plain HTTP errors in OpenAI's shape; the engine raises them from `submit`, so no broken stream is started.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from zllm.api.auth import request_namespace
+from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
+from zllm.api.fields import parse_json_object
+from zllm.api.openai_responses import wire
+from zllm.api.openai_responses.chain import BackgroundStore, ResponseChain, ResponseNotFound
+from zllm.api.openai_responses.context import RESPONSES, store_of
+from zllm.api.openai_responses.encode import ResponseEventEncoder
+from zllm.api.openai_responses.turn import Turn, begin_turn, collect
+from zllm.api.openai_responses.websocket import WebSocketSessions, responses_websocket
+from zllm.api.sse import SseMessage, SsePayload, SseWriter, stream_sse
+from zllm.canonical import Event
+from zllm.store import ResponseStore
+
+PATH = "/v1/responses"
+
+
+@uses_error_shape(openai_error_body)
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body = parse_json_object(await request.read())
+    turn = await begin_turn(body, engine=engine_of(request), chain=ResponseChain(store_of(request)),
+                            namespace=request_namespace(request))
+    if not turn.call.stream:
+        return web.json_response(await collect(turn))
+    if turn.stream is None:
+        return await _send_prewarm(request, turn)
+    return await stream_sse(request, turn.stream, SseEvents(turn.encoder), heartbeat_s=heartbeat_of(request))
+
+
+async def _send_prewarm(request: web.Request, turn: Turn) -> web.StreamResponse:
+    writer = SseWriter(request)
+    await writer.open()
+    await writer.send(_sse(event) for event in turn.encoder.prewarm())
+    await writer.close()
+    return writer.response
+
+
+class SseEvents:
+    """The encoder's event objects as SSE frames named by their type (as OpenAI sends them)."""
+
+    def __init__(self, encoder: ResponseEventEncoder):
+        self.encoder = encoder
+
+    def start(self) -> list[SsePayload]:
+        return [_sse(event) for event in self.encoder.start()]
+
+    def feed(self, event: Event) -> list[SsePayload]:
+        return [_sse(frame) for frame in self.encoder.feed(event)]
+
+    def fail(self, error: ApiError) -> list[SsePayload]:
+        return [_sse(event) for event in self.encoder.fail(error)]
+
+
+def _sse(event: dict) -> SseMessage:
+    return SseMessage(event, event=event["type"])
+
+
+@uses_error_shape(openai_error_body)
+async def retrieve_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    record = await store_of(request).load(response_id, request_namespace(request))
+    if record is None:
+        raise ResponseNotFound(response_id)
+    return web.json_response(record.response)
+
+
+@uses_error_shape(openai_error_body)
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if not await store_of(request).delete(response_id, request_namespace(request)):
+        raise ResponseNotFound(response_id)
+    return web.json_response({"id": response_id, "object": wire.RESPONSE, "deleted": True})
+
+
+def add_routes(app: web.Application, *, store: ResponseStore | None = None, websocket: bool = True) -> None:
+    """`store=None`: an in-memory store that lives as long as the app (tests, and `store: true` without a
+    state dir). A store passed in belongs to the caller, who closes it after the app has shut down."""
+    owned = store is None
+    background = BackgroundStore(ResponseStore.in_memory() if owned else store)
+    app[RESPONSES] = background
+    sessions = WebSocketSessions.install(app, enabled=websocket)
+
+    async def close_store(_app: web.Application) -> None:
+        background.close()
+        if owned:
+            background.store.close()
+
+    app.on_shutdown.append(sessions.shutdown)
+    app.on_cleanup.append(close_store)
+    app.router.add_post(PATH, create_response)
+    app.router.add_get(PATH, responses_websocket)
+    app.router.add_get(PATH + "/{response_id}", retrieve_response)
+    app.router.add_delete(PATH + "/{response_id}", delete_response)

@@ -1,0 +1,119 @@
+"""One `response.create`, shared by HTTP and WebSocket: decode → find the chain → submit → an encoder that
+records the response when it finishes.
+
+    turn = await begin_turn(body, engine=engine, chain=chain, namespace=ns)   # raises before any event
+    turn.stream is None         → `generate: false`: send `turn.encoder.prewarm()`, nothing runs
+    else                        → send `turn.encoder.start()`, then `turn.encoder.feed(event)` per event
+
+Everything that can be the client's fault (bad body, unknown previous response, unknown model, prompt too
+long) raises here, before a stream exists, so it is answered as a plain error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from zllm import ids
+from zllm.api.errors import ReportedError
+from zllm.api.openai_responses import wire
+from zllm.api.openai_responses.chain import ResponseChain
+from zllm.api.openai_responses.decode import (
+    Plan,
+    ResponsesCall,
+    chat_request,
+    decode_responses_request,
+    plan_turn,
+)
+from zllm.api.openai_responses.encode import ResponseEventEncoder
+from zllm.api.openai_responses.items import decode_input
+from zllm.api.openai_responses.response_object import response_shell
+from zllm.canonical import EngineClient, Finished, FinishReason, RequestStream
+from zllm.errors import ModelNotFound, Overloaded
+from zllm.store import StoredResponse
+
+log = logging.getLogger("zllm.api")
+
+_TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
+
+
+@dataclass
+class Turn:
+    call: ResponsesCall
+    encoder: ResponseEventEncoder
+    stream: RequestStream | None  # None for `generate: false`
+
+
+async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, namespace: str) -> Turn:
+    call = decode_responses_request(body)
+    previous = await chain.previous(call.previous_response_id, namespace)
+    plan = plan_turn(call, previous)
+    response_id, created_at = ids.new_id(wire.RESPONSE_ID), int(time.time())
+
+    def record(response: dict) -> None:
+        chain.remember(_stored(response, plan, namespace, created_at), persist=call.store)
+
+    encoder = ResponseEventEncoder(
+        response_shell(response_id, model=call.model, created_at=created_at, echo=call.echo),
+        plan.tools, encrypted_reasoning=call.encrypted_reasoning, on_finish=record,
+    )
+    if not call.generate:
+        _check_model(engine, call.model)
+        return Turn(call, encoder, None)
+    request = chat_request(call, plan, request_id=ids.request_id(), namespace=namespace)
+    return Turn(call, encoder, await engine.submit(request))
+
+
+async def collect(turn: Turn) -> dict:
+    """Run the turn to its end without streaming; the final response object (or the engine's error)."""
+    if turn.stream is None:
+        return turn.encoder.prewarm()[-1]["response"]
+    terminal: dict | None = None
+    finished: Finished | None = None
+    try:
+        async for event in turn.stream:
+            for frame in turn.encoder.feed(event):
+                if frame["type"] in _TERMINAL_TYPES:
+                    terminal = frame
+            if isinstance(event, Finished):
+                finished = event
+                break  # done: a hang-up from here on must not abort a finished request
+    except asyncio.CancelledError:
+        turn.stream.abort()  # the client hung up (handler cancellation): free the engine
+        log.info("client disconnected; aborted %s", turn.stream.request_id)
+        raise
+    except Exception:
+        turn.stream.abort()
+        raise
+    return _final(finished, terminal)
+
+
+def _final(finished: Finished | None, terminal: dict | None) -> dict:
+    if finished is None or finished.reason is FinishReason.ABORT or terminal is None:
+        raise Overloaded("the request was aborted before it finished; retry it")
+    if finished.reason is FinishReason.ERROR:
+        error = terminal["response"]["error"]
+        raise ReportedError(finished.error_code or "engine_error", error["message"])
+    return terminal["response"]
+
+
+def _check_model(engine: EngineClient, model: str) -> None:
+    served = [card.id for card in engine.models()]
+    if model not in served:
+        raise ModelNotFound(model, available=served)
+
+
+def _stored(response: dict, plan: Plan, namespace: str, created_at: int) -> StoredResponse:
+    # The output is read back with the same item decoder a client's echo goes through, so a chained turn
+    # and a resent history yield the same canonical messages.
+    return StoredResponse(
+        id=response["id"],
+        namespace=namespace,
+        created_at=created_at,
+        input_messages=plan.conversation,
+        output_messages=decode_input(response["output"], "output").messages,
+        input_tools=plan.input_tools,
+        response=response,
+    )

@@ -1,0 +1,187 @@
+"""`ResponseStore`: OpenAI Responses kept in sqlite, so `previous_response_id` chains survive a restart.
+
+One row per response. A row holds the whole conversation the response answered plus what it produced, as
+canonical messages, so continuing a chain is one lookup (no walk up a parent chain that retention may have
+cut). Rows of a long chain repeat their history; the JSON is zlib-compressed and retention bounds the total.
+
+    CREATE TABLE responses (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, namespace TEXT,
+                            saved_at REAL, record BLOB)       -- record = zlib(JSON), see `_encode`
+    PRAGMA user_version = 1                                   -- the schema version
+
+    store = ResponseStore(state_dir / "responses.sqlite3", max_rows=10_000, max_age_s=30 * 86400)
+    store.save(StoredResponse(id="resp_1", namespace="ab12", ...))
+    store.load("resp_1", namespace="ab12")     # None for an unknown id *or* another namespace
+    store.close()
+
+Thread-safe (one connection behind a lock; the API edge calls it from one executor thread, so there is
+one writer). WAL journal: readers in other processes never block the writer. Every call is short: one
+indexed statement, plus a retention sweep every `PRUNE_EVERY` saves.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zllm.canonical import Message
+from zllm.errors import ZllmError
+from zllm.store.codec import messages_from_json, messages_to_json
+
+SCHEMA_VERSION = 1
+PRUNE_EVERY = 64
+MEMORY = ":memory:"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    namespace TEXT NOT NULL,
+    saved_at REAL NOT NULL,
+    record BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_saved_at ON responses(saved_at);
+"""
+
+
+class StoreError(ZllmError):
+    """The store file cannot be used (corrupt, or written by a newer zllm)."""
+
+    code = "store_error"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    # the API key's namespace: only the same namespace may read, continue or delete it
+    namespace: str
+    created_at: float
+    # the conversation this response answered (the request's own instructions excluded: they do not carry over)
+    input_messages: tuple[Message, ...]
+    output_messages: tuple[Message, ...]
+    # tools the conversation itself declared (Responses `additional_tools` items), as the client sent them
+    input_tools: tuple[dict, ...] = ()
+    # the API object as the client received it, for `GET /v1/responses/{id}`
+    response: dict = field(default_factory=dict)
+
+    @property
+    def conversation(self) -> tuple[Message, ...]:
+        """What a follow-up turn continues from: the input, then the output."""
+        return self.input_messages + self.output_messages
+
+
+class ResponseStore:
+    def __init__(self, path: Path | str, *, max_rows: int = 10_000, max_age_s: float = 30 * 86400,
+                 clock: Callable[[], float] = time.time):
+        """`max_rows` / `max_age_s` bound what is kept (0 = no bound); `path=":memory:"` keeps nothing on disk."""
+        self.path = str(path)
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._saves = 0
+        self._db = _connect(self.path)
+        self.prune()
+
+    @classmethod
+    def in_memory(cls, **options) -> ResponseStore:
+        return cls(MEMORY, **options)
+
+    def save(self, record: StoredResponse) -> None:
+        """Insert (or replace, same id) `record`."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses (id, namespace, saved_at, record) VALUES (?, ?, ?, ?)",
+                (record.id, record.namespace, self._clock(), _encode(record)),
+            )
+            self._saves += 1
+            due = self._saves % PRUNE_EVERY == 0
+        if due:
+            self.prune()
+
+    def load(self, response_id: str, namespace: str) -> StoredResponse | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT record FROM responses WHERE id = ? AND namespace = ?", (response_id, namespace)
+            ).fetchone()
+        return None if row is None else _decode(response_id, namespace, row[0])
+
+    def delete(self, response_id: str, namespace: str) -> bool:
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM responses WHERE id = ? AND namespace = ?",
+                                      (response_id, namespace))
+        return cursor.rowcount > 0
+
+    def prune(self) -> int:
+        """Drop rows older than `max_age_s`, then the oldest beyond `max_rows`. Returns how many went."""
+        removed = 0
+        with self._lock:
+            if self.max_age_s:
+                cutoff = self._clock() - self.max_age_s
+                removed += self._db.execute("DELETE FROM responses WHERE saved_at < ?", (cutoff,)).rowcount
+            if self.max_rows:
+                removed += self._db.execute(
+                    "DELETE FROM responses WHERE seq <= "
+                    "(SELECT seq FROM responses ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)
+                ).rowcount
+        return removed
+
+    def count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    hint = f"delete {path} to start with an empty response store (stored chains are lost)"
+    try:
+        # autocommit: every statement is its own short transaction; the lock serializes them
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        if path != MEMORY:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across crashes of the daemon
+        _migrate(db, path, hint)
+        return db
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open the response store {path}: {exc}", hint=hint) from None
+
+
+def _migrate(db: sqlite3.Connection, path: str, hint: str) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"the response store {path} has schema v{version}; this zllm reads v{SCHEMA_VERSION}",
+                         hint=f"upgrade zllm, or {hint}")
+    if version < SCHEMA_VERSION:  # 0 = a new file (no older schema exists yet)
+        db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+
+def _encode(record: StoredResponse) -> bytes:
+    data = {
+        "created_at": record.created_at,
+        "input": messages_to_json(record.input_messages),
+        "output": messages_to_json(record.output_messages),
+        "input_tools": list(record.input_tools),
+        "response": record.response,
+    }
+    return zlib.compress(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _decode(response_id: str, namespace: str, blob: bytes) -> StoredResponse:
+    data = json.loads(zlib.decompress(blob))
+    return StoredResponse(
+        id=response_id,
+        namespace=namespace,
+        created_at=data["created_at"],
+        input_messages=messages_from_json(data["input"]),
+        output_messages=messages_from_json(data["output"]),
+        input_tools=tuple(data["input_tools"]),
+        response=data["response"],
+    )
