@@ -11,23 +11,21 @@ errors in Anthropic's shape, `{"type":"error","error":{"type":…,"message":…}
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from aiohttp import web
 
 from zllm import ids
-from zllm.api.anthropic_messages.decode import decode_count_tokens_request, decode_messages_request
+from zllm.api.anthropic_messages.decode import (
+    decode_count_tokens_request,
+    decode_messages_request,
+)
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.auth import request_namespace
+from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
 from zllm.api.fields import parse_json_object
 from zllm.api.sse import stream_sse
-from zllm.canonical import Finished, RequestStream
-
-log = logging.getLogger("zllm.api")
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -43,7 +41,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if call.stream:
         return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
     builder = MessageBuilder(encoder)
-    await _collect(stream, builder)
+    await run_to_finish(stream, builder.feed)
     return web.json_response(builder.result())
 
 
@@ -53,21 +51,6 @@ async def count_tokens(request: web.Request) -> web.Response:
     chat_request = decode_count_tokens_request(body, request_id=ids.request_id(),
                                                namespace=request_namespace(request))
     return web.json_response({"input_tokens": await engine_of(request).count_tokens(chat_request)})
-
-
-async def _collect(stream: RequestStream, builder: MessageBuilder) -> None:
-    try:
-        async for event in stream:
-            builder.feed(event)
-            if isinstance(event, Finished):
-                return  # done: a hang-up from here on must not abort a finished request
-    except asyncio.CancelledError:
-        stream.abort()  # the client hung up (handler cancellation): free the engine
-        log.info("client disconnected; aborted %s", stream.request_id)
-        raise
-    except Exception:
-        stream.abort()
-        raise
 
 
 def add_routes(app: web.Application) -> None:

@@ -6,23 +6,19 @@ error responses in OpenAI's shape; the engine raises them from `submit` so no br
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 
 from aiohttp import web
 
 from zllm import ids
 from zllm.api.auth import request_namespace
+from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import openai_error_body, uses_error_shape
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_chat.decode import decode_chat_request
 from zllm.api.openai_chat.encode import ChatCompletionBuilder, ChatStreamEncoder
 from zllm.api.sse import stream_sse
-from zllm.canonical import Finished, RequestStream
-
-log = logging.getLogger("zllm.api")
 
 PATH = "/v1/chat/completions"
 
@@ -39,23 +35,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
         return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
     builder = ChatCompletionBuilder(completion_id=completion_id, model=call.request.model, created=created)
-    await _collect(stream, builder)
+    await run_to_finish(stream, builder.feed)
     return web.json_response(builder.result())
-
-
-async def _collect(stream: RequestStream, builder: ChatCompletionBuilder) -> None:
-    try:
-        async for event in stream:
-            builder.feed(event)
-            if isinstance(event, Finished):
-                return  # done: a hang-up from here on must not abort a finished request
-    except asyncio.CancelledError:
-        stream.abort()  # the client hung up (handler cancellation): free the engine
-        log.info("client disconnected; aborted %s", stream.request_id)
-        raise
-    except Exception:
-        stream.abort()
-        raise
 
 
 def add_routes(app: web.Application) -> None:

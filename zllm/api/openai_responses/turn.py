@@ -11,12 +11,11 @@ long) raises here, before a stream exists, so it is answered as a plain error.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
 from zllm import ids
+from zllm.api.collect import run_to_finish
 from zllm.api.errors import ReportedError
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
@@ -33,8 +32,6 @@ from zllm.api.openai_responses.response_object import response_shell
 from zllm.canonical import EngineClient, Finished, FinishReason, RequestStream
 from zllm.errors import ModelNotFound, Overloaded
 from zllm.store import StoredResponse
-
-log = logging.getLogger("zllm.api")
 
 _TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
 
@@ -71,22 +68,14 @@ async def collect(turn: Turn) -> dict:
     if turn.stream is None:
         return turn.encoder.prewarm()[-1]["response"]
     terminal: dict | None = None
-    finished: Finished | None = None
-    try:
-        async for event in turn.stream:
-            for frame in turn.encoder.feed(event):
-                if frame["type"] in _TERMINAL_TYPES:
-                    terminal = frame
-            if isinstance(event, Finished):
-                finished = event
-                break  # done: a hang-up from here on must not abort a finished request
-    except asyncio.CancelledError:
-        turn.stream.abort()  # the client hung up (handler cancellation): free the engine
-        log.info("client disconnected; aborted %s", turn.stream.request_id)
-        raise
-    except Exception:
-        turn.stream.abort()
-        raise
+
+    def keep_terminal(event) -> None:
+        nonlocal terminal
+        for frame in turn.encoder.feed(event):
+            if frame["type"] in _TERMINAL_TYPES:
+                terminal = frame
+
+    finished = await run_to_finish(turn.stream, keep_terminal)
     return _final(finished, terminal)
 
 
