@@ -32,3 +32,13 @@ def test_man_page_documents_every_verb() -> None:
     page = (ROOT / "man" / "zllm.1").read_text()
     verbs = [command.name or command.callback.__name__ for command in app.registered_commands]
     assert verbs and all(f".B {verb}" in page or f".BI {verb} " in page for verb in verbs)
+
+
+def test_man_page_documents_every_serve_flag() -> None:
+    import typer.main
+
+    page = (ROOT / "man" / "zllm.1").read_text().replace("\\-", "-")
+    serve = typer.main.get_command(app).commands["serve"]
+    flags = [opt for param in serve.params for opt in (*param.opts, *param.secondary_opts) if opt.startswith("--")]
+    missing = [flag for flag in flags if flag != "--help" and flag not in page]
+    assert flags and not missing, f"undocumented in man/zllm.1: {missing}"
