@@ -13,10 +13,13 @@ ROOT = Path(__file__).resolve().parents[2] / "zllm"
 FORBIDDEN = {
     "canonical": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
                   "zllm.models", "zllm.cli", "zllm.daemon"},
-    "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.prompt", "zllm.models",
+    "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.kvcache", "zllm.prompt", "zllm.models",
             "zllm.cli", "zllm.daemon"},
     "engine": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.cli", "zllm.daemon", "zllm.models"},
     "runtime": {"aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
+    # the cache layer imports nothing above it: it gets token ids, tensors and an injected decode callable
+    "kvcache": {"aiohttp", "transformers", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.models",
+                "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical"},
     "prompt": {"aiohttp", "torch", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.cli", "zllm.daemon"},
     "models": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.daemon"},
     "store": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",

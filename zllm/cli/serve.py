@@ -26,6 +26,11 @@ def serve(
     responses_websocket: bool = typer.Option(None, "--responses-websocket/--no-responses-websocket", help="Accept Responses WebSocket mode on GET /v1/responses (426 when off). [env: ZLLM_RESPONSES_WEBSOCKET; default: on]"),
     responses_max_stored: int = typer.Option(None, "--responses-max-stored", help="Stored Responses kept for previous_response_id, 0 = no bound. [env: ZLLM_RESPONSES_MAX_STORED; default: 10000]"),
     responses_max_age_days: int = typer.Option(None, "--responses-max-age-days", help="Days a stored Response is kept, 0 = no bound. [env: ZLLM_RESPONSES_MAX_AGE_DAYS; default: 30]"),
+    cache_budget_mb: int = typer.Option(None, "--cache-budget-mb", help="Prefix cache KV kept resident (RAM on cpu), 0 = a fraction of free memory. [env: ZLLM_CACHE_BUDGET_MB]"),
+    cache_rounds: int = typer.Option(None, "--cache-rounds", help="Newest rounds of a conversation kept resident, 0 = no prefix cache. [env: ZLLM_CACHE_ROUNDS; default: 4]"),
+    ssd_cache: bool = typer.Option(None, "--ssd-cache/--no-ssd-cache", help="Keep prefix cache snapshots on disk across restarts. [env: ZLLM_SSD_CACHE; default: on]"),
+    ssd_cache_mb: int = typer.Option(None, "--ssd-cache-mb", help="Disk for prefix cache snapshots, 0 = min(10 GiB, half the free disk). [env: ZLLM_SSD_CACHE_MB]"),
+    cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
 ) -> None:
     """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
     from zllm import daemon
@@ -38,6 +43,8 @@ def serve(
             context_length=context_length, api_key=api_key, max_queue=max_queue, data_dir=data_dir, log_level=log_level,
             responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
             responses_max_age_days=responses_max_age_days,
+            cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
+            cache_dir=cache_dir,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -33,6 +33,13 @@ class ModelRunner:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)
 
+    def probe_kv_state(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """The KV state one token leaves, per layer: shapes and dtypes of what a cache holds for this model
+        (`[1, kv_heads, 1, head_dim]` per tensor for standard attention). Call under inference mode."""
+        cache = self.new_cache()
+        self._forward(self.as_input([0]), cache)
+        return tuple((layer.keys, layer.values) for layer in cache.layers)
+
     def as_input(self, token_ids: Sequence[int]) -> torch.Tensor:
         # [1, n] on the model's device
         return torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)

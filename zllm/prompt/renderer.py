@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
 from zllm.errors import ConfigError, InvalidRequest
+from zllm.prompt.cache_busters import drop_billing_headers
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class RenderedPrompt:
     token_ids: tuple[int, ...]
     # the template's text output (before BOS repair), for traces and debugging
     text: str
+    # per-session lines removed before rendering because they defeat the prefix cache (cache_busters.py)
+    dropped: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -50,16 +53,22 @@ class PromptRenderer:
         self._bos_id = _default_bos_id(tokenizer)
 
     def render(self, request: ChatRequest) -> RenderedPrompt:
-        text = self.render_text(request)
+        messages, dropped = drop_billing_headers(request.messages)
+        text = self._render_messages(request, messages)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if self._bos_id is not None and ids[:1] != [self._bos_id]:
             ids = [self._bos_id, *ids]
-        return RenderedPrompt(token_ids=tuple(ids), text=text)
+        return RenderedPrompt(token_ids=tuple(ids), text=text, dropped=dropped)
 
     def render_text(self, request: ChatRequest) -> str:
+        return self._render_messages(request, drop_billing_headers(request.messages)[0])
+
+    def _render_messages(self, request: ChatRequest, messages: tuple[Message, ...]) -> str:
+        if not messages:
+            raise InvalidRequest("nothing to render once per-session header lines are removed", param="messages")
         try:
             return self.tokenizer.apply_chat_template(
-                to_hf_messages(request.messages),
+                to_hf_messages(messages),
                 tools=to_hf_tools(request.tools) or None,
                 add_generation_prompt=True,
                 tokenize=False,

@@ -22,8 +22,10 @@ from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.kvcache import CacheConfig, PrefixCache
 from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
+from zllm.runtime.prefix import build_prefix_cache, cache_config_from_settings, served_model_key
 
 
 class LocalRequestStream:
@@ -59,7 +61,10 @@ class LocalRequestStream:
 
 
 class LocalEngineClient:
-    def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64):
+    def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
+                 cache_config: CacheConfig | None = None, prefix_cache: bool = True):
+        """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
+        turns it off (every request cold)."""
         self.loaded = loaded
         self.model_name = model_name
         self.created = created
@@ -70,8 +75,11 @@ class LocalEngineClient:
             getattr(loaded.model.generation_config, "eos_token_id", None),
             loaded.model.config.get_text_config().eos_token_id,
         )
-        self.engine = EngineLoop(ModelRunner(loaded.model), loaded.tokenizer, self.stop_token_ids,
-                                 threads=loaded.threads)
+        runner = ModelRunner(loaded.model)
+        self.prefix_cache: PrefixCache | None = (
+            build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
+        self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
+                                 prefix_cache=self.prefix_cache, model_key=served_model_key(loaded))
         self.engine.start()
 
     @classmethod
@@ -95,6 +103,8 @@ class LocalEngineClient:
             model_name=name or settings.model,
             created=created if created is not None else int(model_dir.stat().st_mtime),
             max_queue=settings.max_queue,
+            cache_config=cache_config_from_settings(settings, loaded, served_model_key(loaded)),
+            prefix_cache=settings.cache_rounds > 0,
         )
 
     @property
@@ -123,6 +133,8 @@ class LocalEngineClient:
             sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
             stop_strings=request.sampling.stop,
             stop_token_ids=frozenset(request.sampling.stop_token_ids),
+            namespace=request.namespace,
+            cache_hint=request.cache_hint,
         )
         stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
         self.engine.submit(engine_request)

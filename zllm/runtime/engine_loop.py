@@ -7,6 +7,10 @@
     per-request asyncio.Queue  ◀──call_soon_──  step(): sample → detokenize/stop → emit → decode forward
     (RequestStream iterates it)    threadsafe   ... until an Ending, abort or error → exactly one Finished
 
+Prefix cache (zllm/kvcache): admission looks the prompt up (device tier, then SSD) and prefills only the
+suffix into a working cache over pooled buffers; after the request ends — finished or aborted, not failed —
+the terminal state (prompt + every generated token that was fed forward) is kept for the next turn.
+
 One request runs at a time for now (continuous batching is a later issue: `step()` then advances a batch).
 An abort is a per-request flag read once per decode step; a request aborted while still queued ends with
 ABORT without running. Any exception inside a request ends *that* request with ERROR; the loop keeps serving.
@@ -25,12 +29,15 @@ import torch
 from transformers import DynamicCache
 
 from zllm.canonical import Event, Finished, FinishReason, TextDelta, Usage
+from zllm.engine.kv_layers import cache_buffers, cache_state
 from zllm.engine.loader import apply_threads
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, Overloaded, ZllmError
+from zllm.kvcache import Lease, PrefixCache, request_namespace
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.output import OutputProcessor
+from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.stops import StopTokens
 
 log = logging.getLogger("zllm.runtime")
@@ -50,6 +57,10 @@ class EngineRequest:
     stop_token_ids: frozenset[int] = frozenset()
     # False only for benchmarks that must decode a fixed number of tokens (model EOS ignored)
     use_model_stop_tokens: bool = True
+    # the caller's cache-isolation key (canonical ChatRequest.namespace); the loop adds the model's identity
+    namespace: str = ""
+    # a cache entry id or client key to try first (verified against the tokens like any other match)
+    cache_hint: str | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -75,12 +86,28 @@ class ActiveRequest:
     sampler: Sampler
     output: OutputProcessor
     logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
+    lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
+    # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
+    generated: list[int] = field(default_factory=list)
+    kept: bool = False  # whether the device tier kept the terminal state
     admitted_at: float = field(default_factory=time.perf_counter)
     prefilled_at: float | None = None
 
+    @property
+    def cached_tokens(self) -> int:
+        return self.lease.cached_tokens if self.lease is not None else 0
+
     def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
-        usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens)
+        usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens, self.cached_tokens)
         return Finished(reason, usage, stop_sequence=stop_sequence)
+
+    def terminal_sequence(self) -> tuple[int, ...]:
+        """The tokens whose KV the cache holds: prompt + generated, cut to the cache length (prefill may have
+        been aborted part way; the last sampled token was never fed forward)."""
+        held = self.cache.get_seq_length()
+        sequence = (*self.request.prompt_ids, *self.generated)
+        assert held <= len(sequence), "the cache cannot hold tokens that were never seen"
+        return sequence[:held]
 
 
 _SHUTDOWN = object()
@@ -95,8 +122,12 @@ class EngineLoop:
         *,
         threads: int = 0,
         name: str = "zllm-engine",
+        prefix_cache: PrefixCache | None = None,
+        model_key: str = "",
     ):
         self.runner = runner
+        self.prefix_cache = prefix_cache
+        self._model_key = model_key  # KV compatibility identity; part of every cache namespace
         self._tokenizer = tokenizer
         self._token_text = raw_decoder(tokenizer, skip_special_tokens=False)
         self._model_stop_ids = model_stop_ids
@@ -136,6 +167,8 @@ class EngineLoop:
         self._queue.put(_SHUTDOWN)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()  # finishes queued SSD writes: the next start finds the last turns
 
     # ------------------------------------------------------------------ engine thread
 
@@ -152,10 +185,11 @@ class EngineLoop:
             finished = self._run(active)
         except Exception as exc:  # one request's failure must not take the loop down
             generated = active.output.completion_tokens if active is not None else 0
-            finished = _error_finished(request, exc, generated)
+            finished = _error_finished(request, exc, generated, active.cached_tokens if active is not None else 0)
         request.emit(finished)
+        self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event
         with self._lock:
-            self._live.discard(request)
+            self._live.discard(request)  # after retiring: "no live request" means the cache is settled
         _log_finished(request, finished, active)
 
     def _run(self, active: ActiveRequest) -> Finished:
@@ -166,23 +200,61 @@ class EngineLoop:
         return finished
 
     def _admit(self, request: EngineRequest) -> ActiveRequest:
-        active = ActiveRequest(
-            request=request,
-            cache=self.runner.new_cache(),
-            sampler=Sampler(request.sampling, self.runner.device),
-            output=self._output_processor(request),
-        )
-        if not request.aborted.is_set():
-            active.logits = self.runner.prefill(request.prompt_ids, active.cache, should_stop=request.aborted.is_set)
-            active.prefilled_at = time.perf_counter()
+        lease = None
+        if self.prefix_cache is not None and not request.aborted.is_set():
+            lease = self.prefix_cache.acquire(request_namespace(self._model_key, request.namespace),
+                                              request.prompt_ids, hint=request.cache_hint,
+                                              max_new_tokens=request.max_tokens)
+        try:
+            active = ActiveRequest(
+                request=request,
+                cache=working_cache_for(self.runner, lease) if lease is not None else self.runner.new_cache(),
+                sampler=Sampler(request.sampling, self.runner.device),
+                output=self._output_processor(request),
+                lease=lease,
+            )
+            if not request.aborted.is_set():
+                self._prefill(active)
+        except BaseException:
+            if lease is not None:
+                self.prefix_cache.release(lease)
+            raise
         return active
+
+    def _prefill(self, active: ActiveRequest) -> None:
+        """Prefill what the cache did not restore (never empty: the last prompt token is always recomputed)."""
+        suffix = active.request.prompt_ids[active.cached_tokens:]
+        started = time.perf_counter()
+        active.logits = self.runner.prefill(suffix, active.cache, should_stop=active.request.aborted.is_set)
+        active.prefilled_at = time.perf_counter()
+        if self.prefix_cache is not None and active.logits is not None:
+            self.prefix_cache.observe_prefill(len(suffix), active.prefilled_at - started)
+
+    def _retire(self, active: ActiveRequest | None, finished: Finished) -> None:
+        """Hand the terminal state to the prefix cache (or just return the lease when the request failed: a
+        forward that raised may have updated some layers and not others)."""
+        if active is None or active.lease is None:
+            return
+        buffers = cache_buffers(active.cache)
+        try:
+            if finished.reason is FinishReason.ERROR:
+                self.prefix_cache.release(active.lease, buffers)
+                return
+            active.kept = self.prefix_cache.finish(
+                active.lease, active.terminal_sequence(), cache_state(active.cache),
+                entry_id=active.request.request_id, prompt_length=len(active.request.prompt_ids), buffers=buffers)
+        except Exception:  # losing a cache entry must never take the loop down
+            log.exception("keeping the KV of %s failed", active.request.request_id)
+            self.prefix_cache.release(active.lease, buffers)
 
     def step(self, active: ActiveRequest) -> Finished | None:
         """One decode round: sample, stream its text, run the next forward. Returns Finished at the end."""
         if active.request.aborted.is_set():
             return active.finished(FinishReason.ABORT)
         token = active.sampler(active.logits)  # [1, 1] on the device
-        text, ending = active.output.accept(token.item())  # the one host sync per token
+        token_id = token.item()  # the one host sync per token
+        active.generated.append(token_id)
+        text, ending = active.output.accept(token_id)
         if text:
             active.request.emit(TextDelta(text))
         if ending is not None:
@@ -206,22 +278,26 @@ def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequ
     usage = finished.usage
     timing = ""
     if active is not None and active.prefilled_at is not None:
-        prefill_s = active.prefilled_at - active.admitted_at
+        prefill_s = active.prefilled_at - active.admitted_at  # restore included: it is part of the TTFT
         decode_s = time.perf_counter() - active.prefilled_at
         decode_rate = usage.completion_tokens / decode_s if decode_s > 0 else 0.0
-        timing = f" prefill {prefill_s:.2f}s ({usage.prompt_tokens / max(prefill_s, 1e-9):.0f} tok/s), decode {decode_rate:.1f} tok/s"
+        prefilled = usage.prompt_tokens - usage.cached_tokens
+        timing = f" prefill {prefill_s:.2f}s ({prefilled / max(prefill_s, 1e-9):.0f} tok/s), decode {decode_rate:.1f} tok/s"
+    cache = "cache off"
+    if active is not None and active.lease is not None:
+        cache = f"{usage.cached_tokens} cached ({active.lease.tier}){', kept' if active.kept else ''}"
     log.info(
-        "%s finished: %s, prompt %d tok, output %d tok%s",
-        request.request_id, finished.reason.value, usage.prompt_tokens, usage.completion_tokens, timing,
+        "%s finished: %s, prompt %d tok, %s, output %d tok%s",
+        request.request_id, finished.reason.value, usage.prompt_tokens, cache, usage.completion_tokens, timing,
     )
 
 
-def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int) -> Finished:
+def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:
     log.exception("request %s failed", request.request_id)
     code = exc.code if isinstance(exc, ZllmError) else EngineFailure.code
     message = exc.message if isinstance(exc, ZllmError) else f"{type(exc).__name__}: {exc}"
     if isinstance(exc, torch.OutOfMemoryError):
         message = f"out of memory while running the request: {exc}"
         torch.cuda.empty_cache()
-    usage = Usage(len(request.prompt_ids), completion_tokens)
+    usage = Usage(len(request.prompt_ids), completion_tokens, cached_tokens)
     return Finished(FinishReason.ERROR, usage, error_code=code, error_message=message)

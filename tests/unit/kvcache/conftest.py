@@ -1,0 +1,49 @@
+"""Fixtures for kvcache tests: synthetic KV whose every value says which token and position it belongs to.
+
+No model here: KV for token t at position p is `t + p / 4096` (exact in float32 for t, p < 4096), negated for
+values and doubled for layer 1, broadcast over heads and head_dim. So a restored state equals the expected one
+exactly iff every span landed at the right place, and two sequences sharing a prefix share that KV exactly,
+as a real model's would.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from zllm.kvcache.state import KVLayout, KVState
+
+torch.set_num_threads(1)  # 2 shared cores on this machine
+
+KV_HEADS, HEAD_DIM, LAYERS = 2, 16, 2  # the tiny Qwen3's shape: 512 bytes per token in float32
+
+
+def synthetic_state(tokens, start: int = 0) -> KVState:
+    """KV for `tokens` at positions start, start+1, ...: [1, KV_HEADS, n, HEAD_DIM] per tensor."""
+    ids = torch.tensor(list(tokens), dtype=torch.float32)
+    base = ids + torch.arange(start, start + len(ids), dtype=torch.float32) / 4096  # [n]
+    k = base.view(1, 1, -1, 1).expand(1, KV_HEADS, -1, HEAD_DIM).contiguous()
+    return tuple((k * (layer + 1), -k * (layer + 1)) for layer in range(LAYERS))
+
+
+LAYOUT = KVLayout.of(synthetic_state([1]))
+
+
+def random_tokens(n: int, rng: random.Random | None = None) -> tuple[int, ...]:
+    rng = rng or random.Random(0)
+    return tuple(rng.randrange(4096) for _ in range(n))
+
+
+def assert_state_equal(got: KVState, tokens, length: int | None = None) -> None:
+    want = synthetic_state(tokens)
+    n = len(tokens) if length is None else length
+    for got_layer, want_layer in zip(got, want):
+        for g, w in zip(got_layer, want_layer):
+            assert torch.equal(g[..., :n, :], w[..., :n, :])
+
+
+@pytest.fixture
+def layout() -> KVLayout:
+    return LAYOUT

@@ -1,0 +1,329 @@
+"""`PrefixCache`: the one object the runtime talks to. Tiers, pool, writer and diagnostics behind it.
+
+    lease = cache.acquire(namespace, prompt, hint=..., max_new_tokens=...)   # engine thread
+    # lease.working: pooled buffers [1, kv_heads, capacity, head_dim] per tensor; [0, cached) filled
+    # prefill prompt[lease.cached_tokens:] (never empty), decode ...
+    cache.finish(lease, sequence, state, entry_id=..., prompt_length=...)    # keep the terminal state
+    # or cache.release(lease) when the state must not be kept (the request failed mid-forward)
+
+Lookup order: the device tier's longest prefix (an exact id / client key hint is verified against it), then
+the SSD tier when it has a longer prefix and the measured estimate says reading beats recomputing, else cold.
+A hit never covers the whole prompt: the last prompt token is always prefilled, because its logits are what
+the first output token is sampled from.
+
+Thread safety: `acquire`/`finish`/`release` run on the engine thread; `stats`, `entries`, `prune` and
+`near_misses` may be called from any thread (one lock guards the device tier).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from zllm.kvcache.cost import CostModel
+from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
+from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.pool import BufferPool
+from zllm.kvcache.radix import Match, Node
+from zllm.kvcache.ssd_format import SnapshotInvalid
+from zllm.kvcache.ssd_index import unpack_tokens
+from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.kvcache.state import KVLayout, KVState, clone_state, copy_into, slice_state
+from zllm.kvcache.writer import SnapshotWriter
+
+log = logging.getLogger("zllm.kvcache")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    device_budget_bytes: int
+    rounds: int = 4  # newest rounds of a conversation kept resident; 0 = keep nothing
+    ssd_dir: Path | None = None  # None = no SSD tier
+    ssd_budget_bytes: int = 10 << 30
+    ssd_min_tokens: int = 256  # shorter sequences are not worth a file
+    decode_reserve_tokens: int = 4096  # decode growth reserved per request (beyond it, buffers grow)
+    near_miss_min_tokens: int = 1024
+    near_miss_fraction: float = 0.9
+    model: str = ""  # model identity, recorded with SSD snapshots (prune by model)
+
+    def __post_init__(self) -> None:
+        assert self.device_budget_bytes >= 0 and self.rounds >= 0 and self.ssd_budget_bytes >= 0
+        assert self.ssd_min_tokens >= 1 and self.decode_reserve_tokens >= 1 and 0 < self.near_miss_fraction <= 1
+
+
+@dataclass(eq=False)
+class Lease:
+    """One request's use of the cache, from admission to finish."""
+
+    namespace: str
+    prompt: tuple[int, ...]
+    working: KVState  # pooled buffers with room for prompt + reserved decode; [0, cached_tokens) restored
+    cached_tokens: int
+    tier: str  # "cold", "device", "device-hint", "ssd", "ssd-hint"
+    locked: Node | None = None
+    lineage: Entry | None = None  # the device entry this request's conversation continues
+    round: int = 1
+    hint: str | None = None
+    restore_s: float = 0.0
+    near_miss: NearMiss | None = None
+    done: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
+
+
+class PrefixCache:
+    def __init__(self, config: CacheConfig, layout: KVLayout, device: torch.device | str, *,
+                 decode: Callable[[Sequence[int]], str] | None = None, cost_key: str = ""):
+        self.config = config
+        self.layout = layout
+        self.device_tier = DeviceTier(config.device_budget_bytes, max(config.rounds, 1))
+        self.pool = BufferPool(layout, device)
+        self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
+                                         min_fraction=config.near_miss_fraction)
+        self.store = SnapshotStore(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
+        self.writer = SnapshotWriter(self.store) if self.store is not None else None
+        self._cost_key = f"cost:{layout.key}:{torch.device(device).type}:{cost_key}"
+        self.cost = CostModel.from_json(self.store.index.get_meta(self._cost_key) if self.store else None)
+        self._lock = threading.RLock()
+        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "device_hits": 0, "ssd_hits": 0,
+                         "ssd_not_worth_it": 0, "ssd_rejected": 0, "kept": 0, "not_kept": 0}
+
+    # ------------------------------------------------------------------ request lifecycle (engine thread)
+
+    def acquire(self, namespace: str, prompt: Sequence[int], *, hint: str | None = None,
+                max_new_tokens: int = 1) -> Lease:
+        prompt = tuple(prompt)
+        assert prompt, "a request has at least one prompt token"
+        limit = len(prompt) - 1
+        with self._lock:
+            found = self.device_tier.lookup(namespace, prompt, hint)
+            match = found.match.truncated(limit)
+            locked = self.device_tier.lock(match)
+            capacity = len(prompt) + min(max_new_tokens, self.config.decode_reserve_tokens)
+            self._make_room_for_pool(capacity)
+            working = self.pool.take(capacity)
+            _copy_path(match, working)
+        lineage = found.best.entry if found.best is not None and found.best.continues else None
+        tier = ("device-hint" if found.hint_verified else "device") if match.length else "cold"
+        lease = Lease(namespace, prompt, working, match.length, tier, locked, lineage,
+                      round=lineage.round + 1 if lineage else 1, hint=hint)
+        try:
+            diverged = self._try_ssd(lease, limit)
+            self._note_near_miss(lease, found, diverged)
+        except BaseException:  # the caller never sees this lease: give its lock and buffers back now
+            self.release(lease)
+            raise
+        with self._lock:
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += len(prompt)
+            self.counters["cached_tokens"] += lease.cached_tokens
+            if lease.tier.startswith("device"):
+                self.counters["device_hits"] += 1
+                if lineage is not None:
+                    self.device_tier.touch(lineage)
+        return lease
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
+        self.cost.observe_prefill(tokens, seconds)
+
+    def finish(self, lease: Lease, sequence: Sequence[int], state: KVState, *, entry_id: str,
+               prompt_length: int, hint_key: str | None = None, buffers: KVState | None = None) -> bool:
+        """Keep the terminal state: `state` holds KV for exactly `sequence` (prompt + the generated tokens that
+        were fed forward). `buffers`: the working buffers the request ended with, if it outgrew the lease's.
+        Returns whether the device tier kept it."""
+        sequence = tuple(sequence)
+        # a hint that named an entry is a continuation id, not a client key worth remembering
+        hint_key = hint_key or (lease.hint if lease.hint not in self.device_tier.entries else None)
+        with self._lock:
+            entry = self._keep_resident(lease, sequence, state, entry_id, prompt_length, hint_key)
+            self.counters["kept" if entry is not None else "not_kept"] += 1
+            self._submit_snapshot(lease, sequence, state, entry, entry_id, prompt_length, hint_key)
+            self._end(lease, buffers)
+        return entry is not None
+
+    def release(self, lease: Lease, buffers: KVState | None = None) -> None:
+        """End a lease without keeping anything (the request failed; its KV may be inconsistent)."""
+        with self._lock:
+            self._end(lease, buffers)
+
+    # ------------------------------------------------------------------ any thread
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            tier = self.device_tier
+            stats: dict[str, object] = {
+                "device_bytes": tier.bytes, "device_budget_bytes": tier.budget_bytes, "pool_bytes": self.pool.bytes,
+                "entries": len(tier.entries), "nodes": sum(len(t.nodes()) for t in tier.trees.values()),
+                "namespaces": len(tier.trees), **self.counters,
+                "near_misses": len(self.near_miss_log.records()),
+                "prefill_s_per_token": self.cost.prefill_s_per_token,
+                "restore_s_per_byte": self.cost.restore_s_per_byte,
+            }
+        if self.store is not None:
+            stats.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
+            stats["ssd_dropped_jobs"] = self.writer.dropped if self.writer else 0
+        return stats
+
+    def entries(self) -> list[dict[str, object]]:
+        """Everything cached, newest use first: device entries, then SSD snapshots."""
+        with self._lock:
+            device = [{"tier": "device", "id": e.id, "namespace": e.namespace, "tokens": e.length,
+                       "prompt_tokens": e.prompt_length, "own_bytes": _exclusive_bytes(e.node), "round": e.round,
+                       "conversation": e.conversation, "created": e.created, "hits": e.hits}
+                      for e in sorted(self.device_tier.entries.values(), key=lambda e: e.last_used, reverse=True)]
+        ssd = [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
+                "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
+                "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
+               for r in (self.store.snapshots() if self.store else [])]
+        return device + ssd
+
+    def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
+              namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
+        """Drop cached state by age and/or namespace, then down to `max_bytes` per tier; returns counts."""
+        out = {"device_freed_bytes": 0, "ssd_removed": 0}
+        if "device" in tiers:
+            with self._lock:
+                if older_than_s is not None or namespace is not None:
+                    out["device_freed_bytes"] += self.device_tier.prune(older_than_s=older_than_s, namespace=namespace)
+                if max_bytes is not None:
+                    saved, self.device_tier.budget_bytes = self.device_tier.budget_bytes, max_bytes
+                    out["device_freed_bytes"] += self.device_tier.make_room(0)
+                    self.device_tier.budget_bytes = saved
+        if "ssd" in tiers and self.store is not None:
+            out["ssd_removed"] = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes,
+                                                      namespace=namespace))
+        return out
+
+    def near_misses(self) -> list[NearMiss]:
+        return self.near_miss_log.records()
+
+    def flush(self) -> None:
+        """Wait for queued SSD writes (tests, benchmarks, shutdown)."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            self.device_tier.check_integrity()
+        if self.store is not None:
+            self.flush()
+            self.store.check_integrity()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.store is not None:
+            self.store.index.set_meta(self._cost_key, self.cost.to_json())
+            self.store.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _try_ssd(self, lease: Lease, limit: int) -> SsdMatch | None:
+        """Upgrade the lease with a longer SSD prefix when reading it pays; returns the best diverging snapshot."""
+        if self.store is None or lease.cached_tokens >= limit:
+            return None
+        match, diverged = self.store.lookup(lease.namespace, lease.prompt, lease.hint)
+        if match is None or min(match.length, limit) <= lease.cached_tokens:
+            return diverged
+        length = min(match.length, limit)
+        gain = length - lease.cached_tokens
+        if not self.cost.restore_pays(gain, gain * self.layout.bytes_per_token):
+            with self._lock:
+                self.counters["ssd_not_worth_it"] += 1
+            return diverged
+        started = time.perf_counter()
+        try:
+            nbytes = self.store.restore(SsdMatch(match.row, length, match.hinted), lease.working, self.pool,
+                                        skip=lease.cached_tokens)
+        except SnapshotInvalid as exc:
+            with self._lock:
+                self.counters["ssd_rejected"] += 1
+            log.warning("kv cache: SSD snapshot rejected, prefilling instead: %s", exc)
+            return diverged
+        lease.restore_s = time.perf_counter() - started
+        self.cost.observe_restore(nbytes, lease.restore_s)
+        lease.cached_tokens, lease.tier = length, "ssd-hint" if match.hinted else "ssd"
+        if lease.lineage is None and length >= match.row.prompt_len:
+            lease.round = match.row.round + 1
+        with self._lock:
+            self.counters["ssd_hits"] += 1
+        return diverged
+
+    def _note_near_miss(self, lease: Lease, found: DeviceLookup, diverged: SsdMatch | None) -> None:
+        best, near = found.best, self.near_miss_log
+        if best is not None and near.qualifies(best.matched, best.entry.length, len(lease.prompt)):
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=best.entry.id, tier="device",
+                                          request=lease.prompt, entry=best.entry.node.sequence(),
+                                          shared=best.matched, prompt_length=best.entry.prompt_length)
+        elif diverged is not None and near.qualifies(diverged.length, diverged.row.length, len(lease.prompt)):
+            row = diverged.row
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier="ssd",
+                                          request=lease.prompt, entry=unpack_tokens(row.tokens),
+                                          shared=diverged.length, prompt_length=row.prompt_len)
+
+    def _keep_resident(self, lease: Lease, sequence: tuple[int, ...], state: KVState, entry_id: str,
+                       prompt_length: int, hint_key: str | None) -> Entry | None:
+        """Evict first, then admit; the pooled working set stays allocated, so it counts against the budget."""
+        if self.config.rounds == 0 or not sequence:
+            return None
+        tier, reserved = self.device_tier, self.pool.bytes
+        new = tier.new_bytes(lease.namespace, sequence, state)
+        if new + reserved > tier.budget_bytes:
+            return None  # it could not fit even alone: evicting everything else would be for nothing
+        tier.make_room(new, reserved=reserved)
+        return tier.insert(lease.namespace, sequence, state, entry_id=entry_id, prompt_length=prompt_length,
+                           lineage=lease.lineage, hint_key=hint_key, reserved=reserved)
+
+    def _submit_snapshot(self, lease: Lease, sequence: tuple[int, ...], state: KVState, entry: Entry | None,
+                         entry_id: str, prompt_length: int, hint_key: str | None) -> None:
+        if self.writer is None or len(sequence) < self.config.ssd_min_tokens or self.writer.full():
+            return
+        if entry is not None:  # the tree's spans are immutable once inserted: hand them over without a copy
+            sources = tuple((node.start, node.kv) for node in entry.node.path())
+        else:  # the working buffers are reused by the next request: the writer gets its own copy
+            sources = ((0, clone_state(slice_state(state, 0, len(sequence)))),)
+        self.writer.submit(SnapshotJob(entry_id, lease.namespace, self.config.model, sequence, prompt_length,
+                                       lease.round, sources, hint_key))
+
+    def _end(self, lease: Lease, buffers: KVState | None) -> None:
+        if lease.done:
+            return
+        lease.done = True
+        self.device_tier.unlock(lease.namespace, lease.locked)
+        self.pool.give_back(lease.working, buffers)
+
+    def _make_room_for_pool(self, capacity: int) -> None:
+        """Evict so that the tier plus a working set of `capacity` tokens fits the budget (evict, then admit)."""
+        needed = self.pool.bytes_for(capacity)
+        idle = self.pool.idle_bytes()
+        if idle >= needed:
+            return  # the idle set is reused as is
+        self.pool.discard_idle()
+        self.device_tier.make_room(needed, reserved=self.pool.bytes)
+
+
+def _copy_path(match: Match, working: KVState) -> None:
+    """Concatenate the matched path's spans into the working buffers (one memory copy per span)."""
+    for node, take in match.steps:
+        assert node.kv is not None
+        copy_into(working, node.start, slice_state(node.kv, 0, take))
+
+
+def _exclusive_bytes(node: Node) -> int:
+    """Bytes freed if only this node's entry went: the tail of its path that nothing else needs."""
+    if node.children or len(node.entries) > 1 or node.locks:
+        return 0
+    total, current = node.nbytes, node.parent
+    while current is not None and not current.is_root and len(current.children) == 1 \
+            and not current.entries and not current.locks:
+        total += current.nbytes
+        current = current.parent
+    return total

@@ -1,0 +1,162 @@
+"""The SSD tier's index: one sqlite row per snapshot, pointing at one immutable blob generation.
+
+A snapshot's KV is its parent's first `parent_len` tokens (recursively) followed by its own blob, which
+holds tokens [parent_len, length). Conversations therefore store each turn's new tokens once:
+
+    snapshots(id TEXT PRIMARY KEY, namespace, model, parent NULL|id, parent_len, tokens BLOB (int32 LE, the
+              full sequence), generation (→ blobs/<generation>.safetensors), bytes (blob file size), round,
+              hint_key, created, last_used, hits)
+    meta(key TEXT PRIMARY KEY, value TEXT)    e.g. measured restore/recompute rates
+
+The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__` and the store's
+parent checks); a row is inserted only after its blob is durable (ssd_tier.py's commit protocol), in one
+sqlite transaction, so a crash leaves the old index or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_TOKENS = 1 << 21  # a row claiming more tokens than any context window is not ours
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY, namespace TEXT NOT NULL, model TEXT NOT NULL, parent TEXT, parent_len INTEGER NOT NULL,
+    tokens BLOB NOT NULL, generation INTEGER NOT NULL UNIQUE, bytes INTEGER NOT NULL, round INTEGER NOT NULL,
+    prompt_len INTEGER NOT NULL, hint_key TEXT, created REAL NOT NULL, last_used REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_COLUMNS = "id, namespace, model, parent, parent_len, tokens, generation, bytes, round, prompt_len, hint_key, " \
+           "created, last_used, hits"
+
+
+def pack_tokens(tokens: tuple[int, ...] | list[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+def unpack_tokens(data: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(data) // 4}i", data)
+
+
+def token_sha256(packed: bytes) -> str:
+    return hashlib.sha256(packed).hexdigest()
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    id: str
+    namespace: str
+    model: str
+    parent: str | None
+    parent_len: int  # tokens that come from the parent chain; the blob holds tokens [parent_len, length)
+    tokens: bytes  # the full sequence, int32 LE (bytes: compact, and prefix tests are memcmp)
+    generation: int
+    nbytes: int  # the blob file's size
+    round: int
+    prompt_len: int  # how much of the sequence was prompt (the rest was generated)
+    hint_key: str | None
+    created: float
+    last_used: float
+    hits: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, bytes) or len(self.tokens) % 4 or not 0 < len(self.tokens) <= 4 * MAX_TOKENS:
+            raise ValueError("token blob is not a sane int32 sequence")
+        if (self.parent is None) != (self.parent_len == 0) or not 0 <= self.parent_len < self.length:
+            raise ValueError(f"parent_len {self.parent_len} is impossible for a {self.length}-token snapshot")
+        if self.generation < 0 or self.nbytes <= 0 or self.round < 1 or not 0 <= self.prompt_len <= self.length:
+            raise ValueError("bad generation, size or round")
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) // 4
+
+    @property
+    def own_length(self) -> int:
+        return self.length - self.parent_len
+
+    @property
+    def own_token_sha256(self) -> str:
+        """Binds the blob to this row: stored in the blob's metadata, recomputed from the row on read."""
+        return token_sha256(self.tokens[4 * self.parent_len:])
+
+    @property
+    def blob_name(self) -> str:
+        return blob_name(self.generation)
+
+
+def blob_name(generation: int) -> str:
+    return f"{generation:016x}.safetensors"
+
+
+class SnapshotIndex:
+    """Thin sqlite wrapper; callers serialize access (SnapshotStore holds a lock around every call)."""
+
+    def __init__(self, path: Path):
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a committed row survives power loss, like its blob
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def load(self) -> tuple[list[SnapshotRow], list[str]]:
+        """(valid rows, ids of rows that are malformed). Token blobs are size-checked before being read."""
+        rows, bad = [], []
+        oversized = [r[0] for r in self._db.execute(
+            "SELECT id FROM snapshots WHERE typeof(tokens) != 'blob' OR length(tokens) > ?", (4 * MAX_TOKENS,))]
+        bad.extend(oversized)
+        query = f"SELECT {_COLUMNS} FROM snapshots WHERE typeof(tokens) = 'blob' AND length(tokens) <= ?"
+        for values in self._db.execute(query, (4 * MAX_TOKENS,)):
+            try:
+                rows.append(SnapshotRow(*values))
+            except (TypeError, ValueError):
+                bad.append(values[0])
+        return rows, bad
+
+    def insert(self, row: SnapshotRow) -> None:
+        placeholders = ", ".join("?" * 14)
+        with self._transaction():
+            self._db.execute(f"INSERT OR REPLACE INTO snapshots ({_COLUMNS}) VALUES ({placeholders})", (
+                row.id, row.namespace, row.model, row.parent, row.parent_len, row.tokens, row.generation, row.nbytes,
+                row.round, row.prompt_len, row.hint_key, row.created, row.last_used, row.hits))
+
+    def delete(self, ids: list[str]) -> None:
+        with self._transaction():
+            self._db.executemany("DELETE FROM snapshots WHERE id = ?", [(i,) for i in ids])
+
+    def touch(self, updates: list[tuple[float, int, str]]) -> None:
+        """(last_used, hits, id) per row."""
+        with self._transaction():
+            self._db.executemany("UPDATE snapshots SET last_used = ?, hits = ? WHERE id = ?", updates)
+
+    def max_generation(self) -> int:
+        (value,) = self._db.execute("SELECT coalesce(max(generation), -1) FROM snapshots").fetchone()
+        return int(value)
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _transaction(self):
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, *_: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

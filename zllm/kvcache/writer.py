@@ -1,0 +1,70 @@
+"""The snapshot writer thread: SSD writes happen here, never on the engine thread.
+
+The engine thread hands over a `SnapshotJob` whose tensors it no longer mutates (the device tier's node
+spans, which are immutable once inserted, or a clone) and moves on. The queue is bounded: when the disk
+falls behind, new jobs are dropped (counted, logged at debug) rather than holding device memory hostage
+or stalling generation; the device tier still has them, and the next turn will be written anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
+
+log = logging.getLogger("zllm.kvcache")
+
+QUEUE_LIMIT = 4
+_STOP = object()
+
+
+class SnapshotWriter:
+    def __init__(self, store: SnapshotStore, *, threads: int = 1):
+        self.store = store
+        self.dropped = 0
+        self.failed = 0
+        self._threads = threads
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)
+        self._thread = threading.Thread(target=self._main, name="zllm-kv-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: SnapshotJob) -> bool:
+        try:
+            self._queue.put_nowait(job)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            log.debug("kv cache: writer queue full, snapshot %s not written", job.id)
+            return False
+
+    def full(self) -> bool:
+        """True when a submit now would be dropped (callers skip preparing the job)."""
+        return self._queue.full()
+
+    def flush(self) -> None:
+        """Block until every submitted job is written (tests, shutdown, benchmarks)."""
+        self._queue.join()
+        self.store.flush_touches()
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Finish queued writes (a daemon restart should find the last turn on disk), then stop."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    def _main(self) -> None:
+        import torch
+
+        if self._threads > 0:
+            torch.set_num_threads(self._threads)  # serializing tensors must not compete with the engine's cores
+        while (job := self._queue.get()) is not _STOP:
+            try:
+                self.store.commit(job)
+            except Exception:  # a full disk or a bad directory must not kill the writer or the daemon
+                self.failed += 1
+                log.exception("kv cache: writing snapshot %s failed", job.id)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()

@@ -1,0 +1,93 @@
+"""The runtime side of the prefix cache: build it for a loaded model, and bridge leases to working caches.
+
+    cache = build_prefix_cache(loaded, runner, config)   # None when the model's KV cannot be cached
+    lease = cache.acquire(namespace, prompt_ids, ...)     # kvcache speaks tensors and token ids only
+    kv = working_cache_for(runner, lease)                 # a DynamicCache appending into the lease's buffers
+
+Default budgets: the device tier gets a fraction of the memory left after loading the model (GPU) or of the
+RAM available (CPU); the SSD tier 10 GiB or half the free disk under the cache dir, whichever is smaller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from zllm.engine.kv_layers import supports_working_buffers, working_cache
+from zllm.engine.loader import LoadedModel
+from zllm.engine.runner import ModelRunner
+from zllm.kvcache import CacheConfig, KVLayout, Lease, PrefixCache, model_key, template_hash, weights_identity
+from zllm.runtime.detokenizer import raw_decoder
+
+log = logging.getLogger("zllm.runtime")
+
+MiB = 1 << 20
+GPU_FREE_FRACTION = 0.5  # of the memory still free after the model loaded (activations need the rest)
+CPU_AVAILABLE_FRACTION = 0.25  # of the RAM available at start (the machine is shared)
+SSD_DEFAULT_BYTES = 10 << 30
+KV_SUBDIR = "kv"
+
+
+def served_model_key(loaded: LoadedModel) -> str:
+    """Everything about the served model that makes its KV incompatible with another's."""
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    template = template_hash(getattr(loaded.tokenizer, "chat_template", None))
+    return model_key(weights_identity(loaded.path), dtype, template)
+
+
+def cache_config_from_settings(settings, loaded: LoadedModel, model: str) -> CacheConfig:
+    """`settings` is a zllm.config.Settings (cache_budget_mb, cache_rounds, ssd_cache, ssd_cache_mb, ...)."""
+    ssd_dir = Path(settings.cache_dir) / KV_SUBDIR if settings.ssd_cache else None
+    return CacheConfig(
+        device_budget_bytes=settings.cache_budget_mb * MiB or default_device_budget(loaded.device),
+        rounds=settings.cache_rounds,
+        ssd_dir=ssd_dir,
+        ssd_budget_bytes=settings.ssd_cache_mb * MiB or (default_ssd_budget(ssd_dir) if ssd_dir else 0),
+        ssd_min_tokens=settings.ssd_min_tokens,
+        model=model,
+    )
+
+
+def default_device_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * GPU_FREE_FRACTION)
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on Linux/macOS
+        available = 8 << 30
+    return int(available * CPU_AVAILABLE_FRACTION)
+
+
+def default_ssd_budget(directory: Path) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    return min(SSD_DEFAULT_BYTES, shutil.disk_usage(directory).free // 2)
+
+
+def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheConfig | None) -> PrefixCache | None:
+    """The model's prefix cache, or None when its KV is not plain full-attention per-layer tensors."""
+    if not supports_working_buffers(runner.config):
+        log.warning("prefix cache off: %s has sliding-window/linear-attention/shared KV layers",
+                    type(loaded.model).__name__)
+        return None
+    with torch.inference_mode():
+        layout = KVLayout.of(runner.probe_kv_state())
+    key = served_model_key(loaded)
+    if config is None:
+        config = CacheConfig(device_budget_bytes=default_device_budget(loaded.device), model=key)
+    cache = PrefixCache(config, layout, loaded.device,
+                        decode=raw_decoder(loaded.tokenizer, skip_special_tokens=False), cost_key=key)
+    log.info("prefix cache: device budget %d MB, %d rounds, %d bytes/token%s", config.device_budget_bytes // MiB,
+             config.rounds, layout.bytes_per_token,
+             f", SSD tier {config.ssd_dir} ({config.ssd_budget_bytes // MiB} MB)" if config.ssd_dir else "")
+    return cache
+
+
+def working_cache_for(runner: ModelRunner, lease: Lease) -> DynamicCache:
+    """A cache over the lease's pooled buffers holding its restored prefix; prefill and decode append in place."""
+    return working_cache(runner.config, lease.working, lease.cached_tokens)
