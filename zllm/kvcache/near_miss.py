@@ -7,8 +7,14 @@ two diverge and a decoded window on both sides; `in_prompt` tells whether the di
 sequence's prompt (history changed: a cache-buster) or in its generated output (the template re-rendered
 the previous answer differently — expected for some templates, e.g. ones that strip reasoning).
 
-Bounded: the newest `capacity` records, in memory. Decoding is injected (`decode(ids) -> str`) because the
-cache layer must not import tokenizer code.
+`segment` names the part of the request's prompt the divergence falls in ("system", "tools", "message 3
+(user)", "generation prompt"): the caller passes `describe(index) -> str` (zllm/prompt/segments.py, wrapped by
+the runtime), called here once per record. It tokenizes the prompt again and runs the template a dozen times
+(about 0.1 s for a 33K-token conversation on a CPU) on the thread that records, the engine thread, before the
+request's prefill; near misses are rare, so that cost is accepted.
+
+Bounded: the newest `capacity` records, in memory. Decoding and describing are injected (`decode(ids) -> str`)
+because the cache layer must not import tokenizer or prompt code.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class NearMiss:
     before: str  # decoded tokens [divergence - WINDOW, divergence), shared by both
     request_after: str  # what the request has from the divergence on
     entry_after: str  # what the cached sequence had there
+    segment: str | None = None  # where in the request's prompt: "message 3 (user)" (None: no describer given)
     at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -59,7 +66,8 @@ class NearMissLog:
                 and shared < min(entry_length, request_length))
 
     def record(self, *, namespace: str, entry_id: str, tier: str, request: Sequence[int], entry: Sequence[int],
-               shared: int, prompt_length: int | None = None) -> NearMiss:
+               shared: int, prompt_length: int | None = None,
+               describe: Callable[[int], str] | None = None) -> NearMiss:
         lo = max(0, shared - WINDOW_TOKENS)
         miss = NearMiss(
             namespace=namespace, entry_id=entry_id, tier=tier, divergence=shared, entry_tokens=len(entry),
@@ -67,12 +75,14 @@ class NearMissLog:
             before=self._safe_decode(request[lo:shared]),
             request_after=self._safe_decode(request[shared:shared + WINDOW_TOKENS]),
             entry_after=self._safe_decode(entry[shared:shared + WINDOW_TOKENS]),
+            segment=_safe_describe(describe, shared),
         )
         with self._lock:
             self._records.append(miss)
         level = logging.INFO if miss.in_prompt is not False else logging.DEBUG
-        log.log(level, "kv cache near miss: diverged from %s (%s) at token %d of %d%s: cached %r, request %r",
+        log.log(level, "kv cache near miss: diverged from %s (%s) at token %d of %d%s%s: cached %r, request %r",
                 entry_id, tier, shared, len(entry), " (in its prompt)" if miss.in_prompt else "",
+                f", in the request's {miss.segment}" if miss.segment else "",
                 miss.entry_after[:60], miss.request_after[:60])
         return miss
 
@@ -85,3 +95,13 @@ class NearMissLog:
             return self._decode(list(ids))
         except Exception:  # a diagnostic must never fail the request
             return " ".join(map(str, ids))
+
+
+def _safe_describe(describe: Callable[[int], str] | None, index: int) -> str | None:
+    if describe is None:
+        return None
+    try:
+        return describe(index)
+    except Exception:  # a diagnostic must never fail the request
+        log.debug("describing token %d of a near miss failed", index, exc_info=True)
+        return None

@@ -63,14 +63,37 @@ class PromptRenderer:
     def render_text(self, request: ChatRequest) -> str:
         return self._render_messages(request, drop_billing_headers(request.messages)[0])
 
-    def _render_messages(self, request: ChatRequest, messages: tuple[Message, ...]) -> str:
+    def template_text(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,
+                      add_generation_prompt: bool = True) -> str:
+        """The template's text for `messages` (already free of cache busters) with `request`'s tools or none,
+        with or without the generation prompt: the partial renders segments.py compares."""
+        return self._render_messages(request, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    def token_starts(self, text: str) -> list[int]:
+        """Where each token of the prompt ids for `text` (as `render` builds them) starts in `text`: exact with
+        a fast tokenizer's offsets, else approximated by the decoded length of each token. A BOS this renderer
+        adds starts at 0."""
+        try:
+            encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids, starts = list(encoded["input_ids"]), [start for start, _ in encoded["offset_mapping"]]
+        except (NotImplementedError, KeyError, TypeError):  # a slow (Python) tokenizer has no offsets
+            ids, starts, at = self.tokenizer.encode(text, add_special_tokens=False), [], 0
+            for token_id in ids:
+                starts.append(at)
+                at += len(self.tokenizer.decode([token_id]))
+        if self._bos_id is not None and ids[:1] != [self._bos_id]:
+            starts = [0, *starts]
+        return starts
+
+    def _render_messages(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,
+                         add_generation_prompt: bool = True) -> str:
         if not messages:
             raise InvalidRequest("nothing to render once per-session header lines are removed", param="messages")
         try:
             return self.tokenizer.apply_chat_template(
                 to_hf_messages(messages),
-                tools=to_hf_tools(request.tools) or None,
-                add_generation_prompt=True,
+                tools=(to_hf_tools(request.tools) or None) if tools else None,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
         except Exception as exc:  # jinja2 TemplateError ("roles must alternate", raise_exception(...)), etc.

@@ -23,7 +23,7 @@ from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
+from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids, position_describer
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.prefix import build_prefix_cache, cache_config_from_settings, served_model_key
 
@@ -135,6 +135,7 @@ class LocalEngineClient:
             stop_token_ids=frozenset(request.sampling.stop_token_ids),
             namespace=request.namespace,
             cache_hint=request.cache_hint,
+            describe_position=position_describer(self.renderer, request),
         )
         stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
         self.engine.submit(engine_request)

@@ -61,6 +61,9 @@ class EngineRequest:
     namespace: str = ""
     # a cache entry id or client key to try first (verified against the tokens like any other match)
     cache_hint: str | None = None
+    # names the prompt segment a token index falls in ("message 3 (user)"); a closure over the request that
+    # renders only when called, which the prefix cache does only when it records a near miss
+    describe_position: Callable[[int], str] | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -204,7 +207,8 @@ class EngineLoop:
         if self.prefix_cache is not None and not request.aborted.is_set():
             lease = self.prefix_cache.acquire(request_namespace(self._model_key, request.namespace),
                                               request.prompt_ids, hint=request.cache_hint,
-                                              max_new_tokens=request.max_tokens)
+                                              max_new_tokens=request.max_tokens,
+                                              describe_position=request.describe_position)
         try:
             active = ActiveRequest(
                 request=request,
@@ -286,6 +290,9 @@ def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequ
     cache = "cache off"
     if active is not None and active.lease is not None:
         cache = f"{usage.cached_tokens} cached ({active.lease.tier}){', kept' if active.kept else ''}"
+        if (miss := active.lease.near_miss) is not None:
+            cache += f", near miss of {miss.entry_id} at token {miss.divergence}"
+            cache += f" in {miss.segment}" if miss.segment else ""
     log.info(
         "%s finished: %s, prompt %d tok, %s, output %d tok%s",
         request.request_id, finished.reason.value, usage.prompt_tokens, cache, usage.completion_tokens, timing,

@@ -92,6 +92,15 @@ def test_include_usage_only_counts_when_streaming():
     assert decode(minimal(stream_options={"include_usage": True})).include_usage is False
 
 
+def test_prompt_cache_key_becomes_the_cache_hint():
+    assert decode(minimal(prompt_cache_key="session-7")).request.cache_hint == "session-7"
+    assert decode(minimal(prompt_cache_key="")).request.cache_hint is None
+    assert decode(minimal()).request.cache_hint is None
+    with pytest.raises(InvalidRequest) as raised:
+        decode(minimal(prompt_cache_key=7))
+    assert raised.value.param == "prompt_cache_key"
+
+
 def test_assistant_tool_call_arguments_as_object_and_missing_id():
     body = minimal(messages=[
         {"role": "user", "content": "go"},

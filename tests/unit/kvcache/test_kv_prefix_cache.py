@@ -158,6 +158,35 @@ def test_near_misses_record_where_and_what_diverged() -> None:
     assert len(cache.near_misses()) == 1
 
 
+def test_a_near_miss_names_its_segment_with_the_injected_describer_only_when_recorded() -> None:
+    cache = make_cache()
+    cached = random_tokens(1200)
+    serve(cache, cached, rid="orig")
+    asked: list[int] = []
+
+    def describe(index: int) -> str:
+        asked.append(index)
+        return f"message {index // 100} (user)"
+
+    def acquire(prompt, describer):
+        lease = cache.acquire("ns", prompt, describe_position=describer)
+        cache.release(lease)
+        return lease
+
+    assert acquire(cached[:600] + random_tokens(20), describe).near_miss is None  # shares too little
+    assert acquire(cached, describe).near_miss is None  # a full hit
+    assert asked == []  # never called unless a near miss is recorded
+    miss = acquire(cached[:1130] + (4095,) + cached[1131:], describe).near_miss
+    assert (miss.divergence, miss.segment, asked) == (1130, "message 11 (user)", [1130])
+    assert cache.near_misses()[-1].segment == "message 11 (user)"
+
+    def broken(index: int) -> str:
+        raise RuntimeError("template exploded")
+
+    assert acquire(cached[:1140] + (4095,), broken).near_miss.segment is None  # a diagnostic never fails
+    assert acquire(cached[:1150] + (4095,), None).near_miss.segment is None
+
+
 @pytest.mark.parametrize("budget_tokens, cached", [(0, 0), (2500, 0), (5000, 1499)])
 def test_a_request_is_never_refused_for_lack_of_budget(budget_tokens, cached) -> None:
     """The working set (2048 tokens for this prompt) is admitted whatever the budget; what does not fit

@@ -23,10 +23,10 @@ SYSTEM = "You are a careful coding agent. " * 8
 def make_client(tiny_qwen, tmp_path):
     clients = []
 
-    def make(*, ssd: bool = False, budget: int = 64 << 20, rounds: int = 4, prefix_cache: bool = True):
+    def make(*, ssd: bool = False, budget: int = 64 << 20, rounds: int = 4, prefix_cache: bool = True, **config):
         loaded = dataclasses.replace(tiny_qwen, context_length=4096)
         config = CacheConfig(device_budget_bytes=budget, rounds=rounds, ssd_dir=tmp_path / "kv" if ssd else None,
-                             ssd_min_tokens=1)
+                             ssd_min_tokens=1, **config)
         clients.append(LocalEngineClient(loaded, MODEL, 1, cache_config=config, prefix_cache=prefix_cache))
         return clients[-1]
 
@@ -183,3 +183,25 @@ def test_a_failed_request_keeps_nothing_and_returns_its_buffers(make_client, mon
     assert cache.pool.bytes == cache.pool.idle_bytes()  # the working set came back
     assert all(n.locks == 0 for tree in cache.device_tier.trees.values() for n in tree.nodes())
     cache.check_integrity()
+
+
+def test_a_near_miss_names_the_message_the_requests_diverged_in(make_client, caplog) -> None:
+    """Turn 2 edits the middle of an earlier user message (an agent rewriting history): the cache restores up
+    to the edit, and the near-miss record and log say it was message 1."""
+    client = make_client(near_miss_min_tokens=32, near_miss_fraction=0.5)
+    code = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(20))
+    turn1 = [Message("system", SYSTEM), Message("user", f"Review this file:\n{code}\nThanks."),
+             Message("assistant", "Looks fine."), Message("user", "Now add tests")]
+    ask(client, chat(turn1, "t1"))
+    edited = code.replace("return x + 15", "return x - 15")
+    turn2 = [turn1[0], Message("user", f"Review this file:\n{edited}\nThanks."), *turn1[2:]]
+    with caplog.at_level(logging.INFO, logger="zllm"):
+        _, second = ask(client, chat(turn2, "t2"))
+        settle(client)
+    (miss,) = client.prefix_cache.near_misses()
+    prompt2 = client.renderer.render(chat(turn2, "x")).token_ids
+    assert miss.entry_id == "t1" and miss.in_prompt and second.usage.cached_tokens == miss.divergence
+    assert prompt2[:miss.divergence] == client.renderer.render(chat(turn1, "x")).token_ids[:miss.divergence]
+    assert miss.segment == "message 1 (user)"
+    assert "in the request's message 1 (user)" in caplog.text  # the near-miss line
+    assert f"near miss of t1 at token {miss.divergence} in message 1 (user)" in caplog.text  # the finish line

@@ -8,7 +8,8 @@
                                    "function": {"name": "sh", "arguments": "{\"cmd\":\"ls\"}"}}]},
                   {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}],
      "tools": [{"type": "function", "function": {"name": "sh", "parameters": {…}}}],
-     "tool_choice": "auto", "max_completion_tokens": 256, "temperature": 0, "stop": ["\\n\\n"]}
+     "tool_choice": "auto", "max_completion_tokens": 256, "temperature": 0, "stop": ["\\n\\n"],
+     "prompt_cache_key": "<session id>"}
 
 Validation errors are `InvalidRequest` naming the offending field in `param` (e.g. `messages[1].content`).
 Unknown fields are ignored: agents send many vendor extensions.
@@ -48,6 +49,8 @@ def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatC
         tool_choice=_decode_tool_choice(body.get("tool_choice"), has_tools=bool(tools)),
         namespace=namespace,
         api=API_NAME,
+        # only a hint for which cached prefix to try first: always verified against the prompt tokens
+        cache_hint=optional(body, "prompt_cache_key", "string") or None,
     )
     stream = bool(optional(body, "stream", "boolean"))
     stream_options = optional(body, "stream_options", "object") or {}

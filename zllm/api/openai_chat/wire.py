@@ -4,7 +4,8 @@ Request fields decoded (decode.py); every other field is accepted and ignored:
 
     model, messages, tools, tool_choice, max_tokens, max_completion_tokens, temperature, top_p,
     top_k (extension), seed, stop, n (1 only), stream, stream_options.include_usage, response_format
-    (type "text" only), logprobs (false only), user, parallel_tool_calls, reasoning_effort
+    (type "text" only), logprobs (false only), user, parallel_tool_calls, reasoning_effort,
+    prompt_cache_key (→ the canonical cache_hint)
 
 Message content is a string or an array of `{"type": "text", "text": …}` parts; an assistant may also
 echo its reasoning as `reasoning_content` (DeepSeek/vLLM convention, also how zllm streams it back).
