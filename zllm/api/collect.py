@@ -6,7 +6,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from zllm.canonical import Event, Finished, RequestStream
+from zllm.api.errors import ReportedError, finished_error
+from zllm.canonical import Event, Finished, FinishReason, RequestStream
+from zllm.errors import Overloaded
 
 log = logging.getLogger("zllm.api")
 
@@ -27,3 +29,14 @@ async def run_to_finish(stream: RequestStream, feed: Callable[[Event], None]) ->
         stream.abort()
         raise
     return None
+
+
+def raise_unless_completed(finished: Finished | None) -> Finished:
+    """A non-streaming answer exists only for a request that ran to its end: ABORT (or no Finished at all)
+    becomes a retryable `Overloaded`, ERROR re-raises the engine's error at the edge."""
+    if finished is None or finished.reason is FinishReason.ABORT:
+        raise Overloaded("the request was aborted before it finished; retry it")
+    if finished.reason is FinishReason.ERROR:
+        error = finished_error(finished)
+        raise ReportedError(error.code, error.message)
+    return finished

@@ -179,6 +179,11 @@ def error_response(request: web.Request, exc: BaseException) -> web.Response:
     return web.json_response(error_shape_for(request)(error), status=error.status)
 
 
+def finished_error(finished) -> ApiError:
+    """The `ApiError` for a `Finished(ERROR, error_code, error_message)` reported inside a stream."""
+    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
+
+
 class ReportedError(ZllmError):
     """A failure the engine reported inside a stream (`Finished(ERROR, code, message)`), re-raised at the edge."""
 

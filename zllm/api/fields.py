@@ -71,3 +71,11 @@ def required(obj: dict, key: str, kind: Kind, param: str | None = None) -> Any:
     if obj.get(key) is None:
         raise InvalidRequest(f"missing required parameter `{param}`", param=param)
     return check_type(obj[key], kind, param)
+
+
+def decode_model(body: dict) -> str:
+    """The `model` field every API requires: a non-empty string."""
+    model = required(body, "model", "string")
+    if not model.strip():
+        raise InvalidRequest("`model` must not be empty", param="model")
+    return model

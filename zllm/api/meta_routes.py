@@ -16,9 +16,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from zllm.api.anthropic_messages.models import anthropic_model, anthropic_model_list, speaks_anthropic
+from zllm.api.anthropic_messages.models import (
+    anthropic_model,
+    anthropic_model_list,
+    speaks_anthropic,
+)
 from zllm.api.context import engine_of
-from zllm.api.errors import ErrorShape, anthropic_error_body, chooses_error_shape, openai_error_body
+from zllm.api.errors import (
+    ErrorShape,
+    anthropic_error_body,
+    chooses_error_shape,
+    openai_error_body,
+)
 from zllm.canonical import ModelCard
 from zllm.errors import ModelNotFound
 

@@ -21,8 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zllm.api.anthropic_messages.conversation import decode_conversation
-from zllm.api.anthropic_messages.tools import decode_tool_choice, decode_tools, forced_tool_name
-from zllm.api.fields import check_type, optional, required
+from zllm.api.anthropic_messages.tools import (
+    decode_tool_choice,
+    decode_tools,
+    forced_tool_name,
+)
+from zllm.api.fields import check_type, decode_model, optional, required
 from zllm.canonical import ChatRequest, SamplingParams
 from zllm.errors import InvalidRequest
 
@@ -51,9 +55,7 @@ def decode_count_tokens_request(body: dict, *, request_id: str, namespace: str) 
 
 
 def _decode_request(body: dict, *, request_id: str, namespace: str, max_tokens: int | None) -> ChatRequest:
-    model = required(body, "model", "string")
-    if not model.strip():
-        raise InvalidRequest("`model` must not be empty", param="model")
+    model = decode_model(body)
     optional(body, "thinking", "object")
     conversation = decode_conversation(body, model)
     loaded = set(conversation.referenced_tools)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from zllm import ids
 from zllm.api.anthropic_messages import wire
 from zllm.api.anthropic_messages.signature import sign_thinking
-from zllm.api.errors import ApiError, anthropic_error_body, describe_code
+from zllm.api.errors import ApiError, anthropic_error_body, finished_error
 from zllm.api.sse import SseMessage
 from zllm.canonical import (
     Event,
@@ -66,10 +66,6 @@ def usage_body(usage: Usage) -> dict:
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
     }
-
-
-def finished_error(finished: Finished) -> ApiError:
-    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
 
 
 def new_message_id() -> str:

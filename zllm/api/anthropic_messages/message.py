@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import logging
 
-from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, finished_error
-from zllm.api.errors import ReportedError
+from zllm.api.anthropic_messages.encode import MessagesStreamEncoder
+from zllm.api.collect import raise_unless_completed
 from zllm.api.sse import SseMessage
-from zllm.canonical import Event, Finished, FinishReason
-from zllm.errors import Overloaded
+from zllm.canonical import Event, Finished
 
 log = logging.getLogger("zllm.api")
 
@@ -41,14 +40,7 @@ class MessageBuilder:
 
     def result(self) -> dict:
         """The message; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        finished = self._finished
-        if finished is None:
-            raise ReportedError("engine_error", "the engine ended the request without a finish event")
-        if finished.reason is FinishReason.ABORT:
-            raise Overloaded("the request was aborted before it finished; retry it")
-        if finished.reason is FinishReason.ERROR:
-            error = finished_error(finished)
-            raise ReportedError(error.code, error.message)
+        raise_unless_completed(self._finished)
         return self._message
 
     def _apply(self, frames: list[SseMessage]) -> None:

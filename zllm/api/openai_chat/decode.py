@@ -20,9 +20,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zllm.api.fields import check_type, json_type_name, optional, required
+from zllm.api.fields import check_type, decode_model, json_type_name, optional, required
 from zllm.api.openai_chat import wire
-from zllm.canonical import ChatRequest, FunctionTool, Message, SamplingParams, ToolCall, ToolChoice
+from zllm.canonical import (
+    ChatRequest,
+    FunctionTool,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
 from zllm.errors import InvalidRequest
 
 API_NAME = "openai_chat"
@@ -42,7 +49,7 @@ def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatC
     tools = _decode_tools(body.get("tools"))
     request = ChatRequest(
         id=request_id,
-        model=_decode_model(body),
+        model=decode_model(body),
         messages=_decode_messages(body),
         sampling=_decode_sampling(body),
         tools=tools,
@@ -56,13 +63,6 @@ def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatC
     stream_options = optional(body, "stream_options", "object") or {}
     include_usage = bool(optional(stream_options, "include_usage", "boolean", "stream_options.include_usage"))
     return ChatCall(request=request, stream=stream, include_usage=stream and include_usage)
-
-
-def _decode_model(body: dict) -> str:
-    model = required(body, "model", "string")
-    if not model.strip():
-        raise InvalidRequest("`model` must not be empty", param="model")
-    return model
 
 
 def _reject_unsupported(body: dict) -> None:

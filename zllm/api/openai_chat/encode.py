@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 
-from zllm.api.errors import ApiError, ReportedError, describe_code, openai_error_body
+from zllm.api.collect import raise_unless_completed
+from zllm.api.errors import ApiError, finished_error, openai_error_body
 from zllm.api.openai_chat import wire
 from zllm.api.sse import SsePayload
 from zllm.canonical import (
@@ -35,7 +36,6 @@ from zllm.canonical import (
     ToolCallStart,
     Usage,
 )
-from zllm.errors import Overloaded
 
 log = logging.getLogger("zllm.api")
 
@@ -51,10 +51,6 @@ def usage_body(usage: Usage, *, saw_reasoning: bool) -> dict:
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": completion_details,
     }
-
-
-def finished_error(finished: Finished) -> ApiError:
-    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
 
 
 class ChatStreamEncoder:
@@ -171,14 +167,7 @@ class ChatCompletionBuilder:
 
     def result(self) -> dict:
         """The completion; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        finished = self._finished
-        if finished is None:
-            raise ReportedError("engine_error", "the engine ended the request without a finish event")
-        if finished.reason is FinishReason.ABORT:
-            raise Overloaded("the request was aborted before it finished; retry it")
-        if finished.reason is FinishReason.ERROR:
-            error = finished_error(finished)
-            raise ReportedError(error.code, error.message)
+        finished = raise_unless_completed(self._finished)
         return {
             "id": self.completion_id,
             "object": wire.CHAT_COMPLETION,

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zllm.api.fields import check_type, optional, required
+from zllm.api.fields import check_type, decode_model, optional
 from zllm.api.openai_responses import wire
-from zllm.api.openai_responses.items import DecodedInput, decode_input, name_tool_results
+from zllm.api.openai_responses.items import (
+    DecodedInput,
+    decode_input,
+    name_tool_results,
+)
 from zllm.api.openai_responses.tools import ToolSet, decode_tool_choice, decode_tools
 from zllm.canonical import ChatRequest, Message, SamplingParams
 from zllm.errors import InvalidRequest
@@ -69,7 +73,7 @@ def decode_responses_request(body: dict) -> ResponsesCall:
     instructions = optional(body, "instructions", "string")
     raw_tools = optional(body, "tools", "array") or []
     return ResponsesCall(
-        model=_decode_model(body),
+        model=decode_model(body),
         input=decode_input(body.get("input")),
         instructions=instructions or None,
         tools_json=tuple((tool, f"tools[{i}]") for i, tool in enumerate(raw_tools)),
@@ -117,13 +121,6 @@ def chat_request(call: ResponsesCall, plan: Plan, *, request_id: str, namespace:
         api=API_NAME,
         cache_hint=call.prompt_cache_key,
     )
-
-
-def _decode_model(body: dict) -> str:
-    model = required(body, "model", "string")
-    if not model.strip():
-        raise InvalidRequest("`model` must not be empty", param="model")
-    return model
 
 
 def _reject_unsupported(body: dict) -> None:

@@ -29,13 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zllm import ids
-from zllm.api.errors import ApiError
+from zllm.api.errors import ApiError, finished_error
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.items import encode_reasoning
 from zllm.api.openai_responses.response_object import (
     EMPTY_USAGE,
     failed_error_body,
-    finished_error,
     usage_body,
 )
 from zllm.api.openai_responses.tools import ToolSet, WireTool, custom_input

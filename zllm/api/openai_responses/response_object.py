@@ -15,9 +15,9 @@ failed (`error = {"code": "context_length_exceeded" | "server_error" | …, "mes
 
 from __future__ import annotations
 
-from zllm.api.errors import ApiError, describe_code
+from zllm.api.errors import ApiError
 from zllm.api.openai_responses import wire
-from zllm.canonical import Finished, Usage
+from zllm.canonical import Usage
 
 
 def response_shell(response_id: str, *, model: str, created_at: int, echo: dict) -> dict:
@@ -48,10 +48,6 @@ def usage_body(usage: Usage, *, reasoning_tokens: int) -> dict:
 
 
 EMPTY_USAGE = Usage(prompt_tokens=0, completion_tokens=0)
-
-
-def finished_error(finished: Finished) -> ApiError:
-    return describe_code(finished.error_code or "engine_error", finished.error_message or "the engine failed")
 
 
 def failed_error_body(error: ApiError) -> dict:

@@ -19,7 +19,11 @@ from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_responses import wire
-from zllm.api.openai_responses.chain import BackgroundStore, ResponseChain, ResponseNotFound
+from zllm.api.openai_responses.chain import (
+    BackgroundStore,
+    ResponseChain,
+    ResponseNotFound,
+)
 from zllm.api.openai_responses.context import RESPONSES, store_of
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.turn import Turn, begin_turn, collect

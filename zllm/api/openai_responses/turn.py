@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass
 
 from zllm import ids
-from zllm.api.collect import run_to_finish
-from zllm.api.errors import ReportedError
+from zllm.api.collect import raise_unless_completed, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
 from zllm.api.openai_responses.decode import (
@@ -29,8 +28,8 @@ from zllm.api.openai_responses.decode import (
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
-from zllm.canonical import EngineClient, Finished, FinishReason, RequestStream
-from zllm.errors import ModelNotFound, Overloaded
+from zllm.canonical import EngineClient, Finished, RequestStream
+from zllm.errors import ModelNotFound
 from zllm.store import StoredResponse
 
 _TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
@@ -80,11 +79,8 @@ async def collect(turn: Turn) -> dict:
 
 
 def _final(finished: Finished | None, terminal: dict | None) -> dict:
-    if finished is None or finished.reason is FinishReason.ABORT or terminal is None:
-        raise Overloaded("the request was aborted before it finished; retry it")
-    if finished.reason is FinishReason.ERROR:
-        error = terminal["response"]["error"]
-        raise ReportedError(finished.error_code or "engine_error", error["message"])
+    raise_unless_completed(finished)
+    assert terminal is not None, "the encoder answers every completed Finished with a terminal event"
     return terminal["response"]
 
 

@@ -25,7 +25,12 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from zllm.api.auth import request_namespace
 from zllm.api.context import engine_of
-from zllm.api.errors import ApiError, describe_exception, openai_error_body, uses_error_shape
+from zllm.api.errors import (
+    ApiError,
+    describe_exception,
+    openai_error_body,
+    uses_error_shape,
+)
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
