@@ -6,13 +6,12 @@ import concurrent.futures
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
 from tests.integration.conftest import CONTEXT, TINY
+from tests.support.http_client import post_raw
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -86,17 +85,6 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     assert caught.value.body["code"] == "model_not_found"
 
 
-def post_raw(daemon, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"{daemon.base_url}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -108,7 +96,7 @@ def post_raw(daemon, body: bytes) -> tuple[int, dict]:
     ],
 )
 def test_malformed_requests_get_openai_errors(daemon, body: bytes, param: str | None) -> None:
-    status, answer = post_raw(daemon, body)
+    status, answer = post_raw(daemon.base_url, "/v1/chat/completions", body)
     assert status == 400
     assert answer["error"]["type"] == "invalid_request_error"
     assert answer["error"]["message"]

@@ -10,19 +10,10 @@ import urllib.request
 import openai
 import pytest
 
+from tests.support.http_client import post_raw
 from zllm.errors import ContextLengthExceeded, Overloaded
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-def post_raw(server, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{server.url}{path}", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
 
 
 def error_of(caught: pytest.ExceptionInfo) -> dict:
@@ -30,7 +21,7 @@ def error_of(caught: pytest.ExceptionInfo) -> dict:
 
 
 def test_bad_json_body(server):
-    status, body = post_raw(server, "/v1/chat/completions", b"{nope")
+    status, body = post_raw(server.url, "/v1/chat/completions", b"{nope")
     assert status == 400
     assert body["error"]["type"] == "invalid_request_error"
     assert "not valid JSON" in body["error"]["message"]
@@ -43,7 +34,7 @@ def test_bad_json_body(server):
      ({"model": "fake-model", "messages": []}, "messages")],
 )
 def test_missing_fields_name_the_param(server, body, param):
-    status, answer = post_raw(server, "/v1/chat/completions", json.dumps(body).encode())
+    status, answer = post_raw(server.url, "/v1/chat/completions", json.dumps(body).encode())
     assert status == 400
     assert (answer["error"]["type"], answer["error"]["param"], answer["error"]["code"]) == (
         "invalid_request_error", param, None)
@@ -100,15 +91,15 @@ def test_unexpected_exception_is_500_without_details(client, engine, caplog):
 
 
 def test_unknown_route_and_wrong_method_are_json_errors(server):
-    status, body = post_raw(server, "/v1/nothing-here", b"{}")
+    status, body = post_raw(server.url, "/v1/nothing-here", b"{}")
     assert (status, body["error"]["code"]) == (404, "not_found")
-    status, body = post_raw(server, "/v1/models", b"{}")
+    status, body = post_raw(server.url, "/v1/models", b"{}")
     assert status == 405 and body["error"]["type"] == "invalid_request_error"
 
 
 def test_body_over_the_limit_is_413(serve, engine):
     server = serve(engine, max_body_bytes=1024)
-    status, body = post_raw(server, "/v1/chat/completions", b'{"pad": "' + b"x" * 4096 + b'"}')
+    status, body = post_raw(server.url, "/v1/chat/completions", b'{"pad": "' + b"x" * 4096 + b'"}')
     assert (status, body["error"]["code"]) == (413, "request_too_large")
 
 
@@ -127,7 +118,7 @@ def test_right_key_as_bearer_is_accepted(keyed_server, engine, make_client):
 
 def test_right_key_as_x_api_key_is_accepted(keyed_server):
     body = json.dumps({"model": "fake-model", "messages": USER}).encode()
-    status, answer = post_raw(keyed_server, "/v1/chat/completions", body, {"x-api-key": "secret-key"})
+    status, answer = post_raw(keyed_server.url, "/v1/chat/completions", body, {"x-api-key": "secret-key"})
     assert status == 200 and answer["choices"][0]["message"]["content"] == "Hello world"
 
 
@@ -139,7 +130,7 @@ def test_wrong_key_is_401(keyed_server, engine, make_client):
 
 
 def test_missing_key_is_401(keyed_server):
-    status, body = post_raw(keyed_server, "/v1/chat/completions", b"{}")
+    status, body = post_raw(keyed_server.url, "/v1/chat/completions", b"{}")
     assert status == 401
     assert body["error"]["code"] == "invalid_api_key" and "missing API key" in body["error"]["message"]
     with pytest.raises(urllib.error.HTTPError) as caught:
@@ -150,7 +141,7 @@ def test_missing_key_is_401(keyed_server):
 def test_namespaces_differ_per_key(server, engine, make_client):
     make_client(server, api_key="alice").chat.completions.create(model="fake-model", messages=USER)
     make_client(server, api_key="bob").chat.completions.create(model="fake-model", messages=USER)
-    post_raw(server, "/v1/chat/completions", json.dumps({"model": "fake-model", "messages": USER}).encode())
+    post_raw(server.url, "/v1/chat/completions", json.dumps({"model": "fake-model", "messages": USER}).encode())
     alice, bob, anonymous = (r.namespace for r in engine.submitted)
     assert alice != bob and alice and bob
     assert anonymous == ""

@@ -13,20 +13,11 @@ import anthropic
 import pytest
 
 from tests.support.fake_engine import error_events
+from tests.support.http_client import post_raw
 from zllm.errors import ContextLengthExceeded, Overloaded
 
 MODEL = "fake-model"
 USER = [{"role": "user", "content": "hi"}]
-
-
-def post_raw(server, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{server.url}{path}", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
 
 
 def assert_anthropic_error(body: dict, error_type: str) -> str:
@@ -38,7 +29,7 @@ def assert_anthropic_error(body: dict, error_type: str) -> str:
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages?beta=true", "/v1/messages/count_tokens"])
 def test_bad_json(server, path):
-    status, body = post_raw(server, path, b"{nope")
+    status, body = post_raw(server.url, path, b"{nope")
     assert status == 400
     assert "not valid JSON" in assert_anthropic_error(body, "invalid_request_error")
 
@@ -53,13 +44,13 @@ def test_bad_json(server, path):
       "not supported")],
 )
 def test_invalid_requests(server, body, words):
-    status, answer = post_raw(server, "/v1/messages", json.dumps(body).encode())
+    status, answer = post_raw(server.url, "/v1/messages", json.dumps(body).encode())
     assert status == 400
     assert words in assert_anthropic_error(answer, "invalid_request_error")
 
 
 def test_count_tokens_needs_no_max_tokens_but_needs_messages(server):
-    status, answer = post_raw(server, "/v1/messages/count_tokens", json.dumps({"model": MODEL}).encode())
+    status, answer = post_raw(server.url, "/v1/messages/count_tokens", json.dumps({"model": MODEL}).encode())
     assert status == 400
     assert "`messages`" in assert_anthropic_error(answer, "invalid_request_error")
 
@@ -103,7 +94,7 @@ def test_overloaded_is_a_retryable_5xx(claude, engine):
 def test_bad_or_missing_key_is_401_authentication_error(serve, engine, headers, path):
     server = serve(engine, api_key="secret")
     body = json.dumps({"model": MODEL, "max_tokens": 8, "messages": USER}).encode()
-    status, answer = post_raw(server, path, body, headers)
+    status, answer = post_raw(server.url, path, body, headers)
     assert status == 401
     assert "API key" in assert_anthropic_error(answer, "authentication_error")
 
