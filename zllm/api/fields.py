@@ -79,3 +79,18 @@ def decode_model(body: dict) -> str:
     if not model.strip():
         raise InvalidRequest("`model` must not be empty", param="model")
     return model
+
+
+_SAMPLING_KINDS: dict[str, Kind] = {"temperature": "number", "top_p": "number", "top_k": "integer"}
+
+
+def sampling_fields(body: dict, *names: str) -> dict:
+    """The sampling knobs among `names` that the body sets, typed and normalized, as `SamplingParams`
+    keyword arguments; absent ones are left out so the canonical defaults apply."""
+    fields: dict = {}
+    for name in names:
+        value = optional(body, name, _SAMPLING_KINDS[name])
+        if value is not None:
+            # vLLM-style clients send top_k=-1 for "off"
+            fields[name] = max(value, 0) if name == "top_k" else float(value)
+    return fields

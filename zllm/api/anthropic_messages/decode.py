@@ -26,7 +26,13 @@ from zllm.api.anthropic_messages.tools import (
     decode_tools,
     forced_tool_name,
 )
-from zllm.api.fields import check_type, decode_model, optional, required
+from zllm.api.fields import (
+    check_type,
+    decode_model,
+    optional,
+    required,
+    sampling_fields,
+)
 from zllm.canonical import ChatRequest, SamplingParams
 from zllm.errors import InvalidRequest
 
@@ -76,14 +82,8 @@ def _decode_request(body: dict, *, request_id: str, namespace: str, max_tokens: 
 
 
 def _decode_sampling(body: dict, max_tokens: int | None) -> SamplingParams:
-    defaults = SamplingParams()
-    temperature = optional(body, "temperature", "number")
-    top_p = optional(body, "top_p", "number")
-    top_k = optional(body, "top_k", "integer")
     return SamplingParams(
-        temperature=defaults.temperature if temperature is None else float(temperature),
-        top_p=defaults.top_p if top_p is None else float(top_p),
-        top_k=defaults.top_k if top_k is None else max(top_k, 0),
+        **sampling_fields(body, "temperature", "top_p", "top_k"),
         max_tokens=max_tokens,
         stop=_decode_stop_sequences(body.get("stop_sequences")),
     )

@@ -20,7 +20,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zllm.api.fields import check_type, decode_model, json_type_name, optional, required
+from zllm.api.fields import (
+    check_type,
+    decode_model,
+    json_type_name,
+    optional,
+    required,
+    sampling_fields,
+)
 from zllm.api.openai_chat import wire
 from zllm.canonical import (
     ChatRequest,
@@ -236,15 +243,8 @@ def _decode_tool_choice(raw: object, *, has_tools: bool) -> ToolChoice:
 
 
 def _decode_sampling(body: dict) -> SamplingParams:
-    defaults = SamplingParams()
-    temperature = optional(body, "temperature", "number")
-    top_p = optional(body, "top_p", "number")
-    top_k = optional(body, "top_k", "integer")
     return SamplingParams(
-        temperature=defaults.temperature if temperature is None else float(temperature),
-        top_p=defaults.top_p if top_p is None else float(top_p),
-        # vLLM-style clients send -1 for "off"
-        top_k=defaults.top_k if top_k is None else max(top_k, 0),
+        **sampling_fields(body, "temperature", "top_p", "top_k"),
         seed=optional(body, "seed", "integer"),
         max_tokens=_decode_max_tokens(body),
         stop=_decode_stop(body.get("stop")),

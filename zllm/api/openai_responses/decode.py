@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zllm.api.fields import check_type, decode_model, optional
+from zllm.api.fields import check_type, decode_model, optional, sampling_fields
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.items import (
     DecodedInput,
@@ -140,17 +140,10 @@ def _reject_unsupported(body: dict) -> None:
 
 
 def _decode_sampling(body: dict) -> SamplingParams:
-    defaults = SamplingParams()
-    temperature = optional(body, "temperature", "number")
-    top_p = optional(body, "top_p", "number")
     max_tokens = optional(body, "max_output_tokens", "integer")
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequest(f"`max_output_tokens` must be at least 1, got {max_tokens}", param="max_output_tokens")
-    return SamplingParams(
-        temperature=defaults.temperature if temperature is None else float(temperature),
-        top_p=defaults.top_p if top_p is None else float(top_p),
-        max_tokens=max_tokens,
-    )
+    return SamplingParams(**sampling_fields(body, "temperature", "top_p"), max_tokens=max_tokens)
 
 
 def _echo(body: dict, raw_tools: list, instructions: str | None) -> dict:
