@@ -20,6 +20,9 @@ FORBIDDEN = {
     # the cache layer imports nothing above it: it gets token ids, tensors and an injected decode callable
     "kvcache": {"aiohttp", "transformers", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.models",
                 "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical"},
+    # dialects are pure text ⇄ canonical: no tensors, no tokenizer library, no protocol
+    "dialects": {"torch", "transformers", "tokenizers", "llguidance", "aiohttp", "zllm.api", "zllm.runtime",
+                 "zllm.engine", "zllm.kvcache", "zllm.prompt", "zllm.models", "zllm.cli", "zllm.daemon", "zllm.store"},
     "prompt": {"aiohttp", "torch", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.cli", "zllm.daemon"},
     "models": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.daemon"},
     "store": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",

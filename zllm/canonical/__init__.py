@@ -19,13 +19,15 @@ from zllm.canonical.request import (
     ChatRequest,
     FunctionTool,
     Message,
+    ResponseFormat,
     SamplingParams,
     ToolCall,
     ToolChoice,
+    ToolGrammar,
 )
 
 __all__ = [
     "ChatRequest", "EngineClient", "Event", "Finished", "FinishReason", "FunctionTool", "Message",
-    "ModelCard", "ReasoningDelta", "RequestStream", "SamplingParams", "TextDelta", "ToolCall",
-    "ToolCallArgsDelta", "ToolCallEnd", "ToolCallStart", "ToolChoice", "Usage",
+    "ModelCard", "ReasoningDelta", "RequestStream", "ResponseFormat", "SamplingParams", "TextDelta", "ToolCall",
+    "ToolCallArgsDelta", "ToolCallEnd", "ToolCallStart", "ToolChoice", "ToolGrammar", "Usage",
 ]

@@ -11,6 +11,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"                # max_tokens or the context window ran out
     STOP_SEQUENCE = "stop_sequence"  # a client stop string or stop token id matched
     TOOL_CALLS = "tool_calls"        # the turn ended with one or more tool calls
+    REPETITION = "repetition"        # the loop guard ended a generation stuck repeating itself
     ABORT = "abort"                  # the client went away or cancelled
     ERROR = "error"                  # the engine failed; Finished.error says why
 

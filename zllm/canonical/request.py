@@ -39,11 +39,31 @@ class Message:
 
 
 @dataclass(frozen=True)
+class ToolGrammar:
+    """A free-form tool's input grammar (Responses `custom` tools, e.g. Codex's `apply_patch`): the tool takes
+    one string whose text must match `definition` (`syntax` "lark" or "regex")."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+@dataclass(frozen=True)
 class FunctionTool:
     name: str
     description: str = ""
     # JSON Schema of the arguments object, as the client sent it
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # set for free-form tools: `parameters` is then `{"input": string}` and the string follows this grammar
+    grammar: ToolGrammar | None = None
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """Structured output: the answer text must be JSON matching `schema` (Chat `response_format`
+    json_schema / json_object, Responses `text.format`)."""
+
+    schema: dict
+    name: str = "response"
 
 
 @dataclass(frozen=True)
@@ -107,6 +127,9 @@ class ChatRequest:
     # prefix-cache hint: a client key (`prompt_cache_key`) or an earlier request id to try first; always
     # verified against the prompt tokens and namespace, so a wrong hint costs nothing but a lookup
     cache_hint: str | None = None
+    # reason before answering: True / False as the client asked, None = the model family's default
+    thinking: bool | None = None
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
         if not self.messages:
