@@ -13,7 +13,7 @@ tokenize; the event loop must not stall on it); all torch work runs on the engin
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard
@@ -23,9 +23,19 @@ from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids, position_describer
+from zllm.prompt import (
+    PromptRenderer,
+    RenderedPrompt,
+    model_stop_token_ids,
+    position_describer,
+)
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
-from zllm.runtime.prefix import build_prefix_cache, cache_config_from_settings, served_model_key
+from zllm.runtime.prefix import (
+    build_prefix_cache,
+    cache_config_from_settings,
+    served_model_key,
+)
+from zllm.runtime.report import RequestReport
 
 
 class LocalRequestStream:
@@ -62,9 +72,11 @@ class LocalRequestStream:
 
 class LocalEngineClient:
     def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
-                 cache_config: CacheConfig | None = None, prefix_cache: bool = True):
+                 cache_config: CacheConfig | None = None, prefix_cache: bool = True,
+                 observer: Callable[[RequestReport], None] | None = None):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
-        turns it off (every request cold)."""
+        turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
+        engine thread (it must only hand off, e.g. TraceHub.publish)."""
         self.loaded = loaded
         self.model_name = model_name
         self.created = created
@@ -79,7 +91,8 @@ class LocalEngineClient:
         self.prefix_cache: PrefixCache | None = (
             build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
         self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
-                                 prefix_cache=self.prefix_cache, model_key=served_model_key(loaded))
+                                 prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
+                                 observer=observer)
         self.engine.start()
 
     @classmethod
@@ -90,6 +103,7 @@ class LocalEngineClient:
         *,
         name: str | None = None,
         created: int | None = None,
+        observer: Callable[[RequestReport], None] | None = None,
     ) -> LocalEngineClient:
         """Load `model_dir` with the settings' device/dtype/threads/context_length/max_queue and serve it.
 
@@ -105,6 +119,7 @@ class LocalEngineClient:
             max_queue=settings.max_queue,
             cache_config=cache_config_from_settings(settings, loaded, served_model_key(loaded)),
             prefix_cache=settings.cache_rounds > 0,
+            observer=observer,
         )
 
     @property
@@ -136,6 +151,9 @@ class LocalEngineClient:
             namespace=request.namespace,
             cache_hint=request.cache_hint,
             describe_position=position_describer(self.renderer, request),
+            api=request.api,
+            model=request.model,
+            notes=tuple(f"dropped per-session line: {line[:80]}" for line in prompt.dropped),
         )
         stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
         self.engine.submit(engine_request)

@@ -38,6 +38,7 @@ from zllm.kvcache import Lease, PrefixCache, request_namespace
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
+from zllm.runtime.report import RequestReport
 from zllm.runtime.stops import StopTokens
 
 log = logging.getLogger("zllm.runtime")
@@ -64,6 +65,10 @@ class EngineRequest:
     # names the prompt segment a token index falls in ("message 3 (user)"); a closure over the request that
     # renders only when called, which the prefix cache does only when it records a near miss
     describe_position: Callable[[int], str] | None = None
+    # labels for observers (zllm trace) only: the loop never branches on them
+    api: str = ""
+    model: str = ""
+    notes: tuple[str, ...] = ()
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -94,7 +99,9 @@ class ActiveRequest:
     generated: list[int] = field(default_factory=list)
     kept: bool = False  # whether the device tier kept the terminal state
     admitted_at: float = field(default_factory=time.perf_counter)
+    looked_up_at: float | None = None  # the prefix cache answered (restore included)
     prefilled_at: float | None = None
+    first_output_at: float | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -127,10 +134,12 @@ class EngineLoop:
         name: str = "zllm-engine",
         prefix_cache: PrefixCache | None = None,
         model_key: str = "",
+        observer: Callable[[RequestReport], None] | None = None,
     ):
         self.runner = runner
         self.prefix_cache = prefix_cache
         self._model_key = model_key  # KV compatibility identity; part of every cache namespace
+        self._observer = observer  # gets a RequestReport when a request starts and when it ends
         self._tokenizer = tokenizer
         self._token_text = raw_decoder(tokenizer, skip_special_tokens=False)
         self._model_stop_ids = model_stop_ids
@@ -194,6 +203,15 @@ class EngineLoop:
         with self._lock:
             self._live.discard(request)  # after retiring: "no live request" means the cache is settled
         _log_finished(request, finished, active)
+        self._observe(request_report("finished", request, active, finished))
+
+    def _observe(self, report: RequestReport) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer(report)
+        except Exception:  # an observer's bug must not take the loop down
+            log.exception("request observer failed")
 
     def _run(self, active: ActiveRequest) -> Finished:
         if active.logits is None:  # aborted while queued or during prefill
@@ -217,8 +235,10 @@ class EngineLoop:
                 output=self._output_processor(request),
                 lease=lease,
             )
+            active.looked_up_at = time.perf_counter()
             if not request.aborted.is_set():
                 self._prefill(active)
+                self._observe(request_report("started", request, active))
         except BaseException:
             if lease is not None:
                 self.prefix_cache.release(lease)
@@ -260,6 +280,8 @@ class EngineLoop:
         active.generated.append(token_id)
         text, ending = active.output.accept(token_id)
         if text:
+            if active.first_output_at is None:
+                active.first_output_at = time.perf_counter()
             active.request.emit(TextDelta(text))
         if ending is not None:
             return active.finished(ending.reason, ending.stop_sequence)
@@ -297,6 +319,36 @@ def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequ
         "%s finished: %s, prompt %d tok, %s, output %d tok%s",
         request.request_id, finished.reason.value, usage.prompt_tokens, cache, usage.completion_tokens, timing,
     )
+
+
+def request_report(phase: str, request: EngineRequest, active: ActiveRequest | None,
+                   finished: Finished | None = None) -> RequestReport:
+    """Plain-data view of a request for observers (see report.py)."""
+    lease = active.lease if active is not None else None
+    usage = finished.usage if finished is not None else None
+    timing: dict = {}
+    if active is not None:
+        if active.looked_up_at is not None:
+            timing["restore_s"] = active.looked_up_at - active.admitted_at
+        if active.prefilled_at is not None:
+            timing["prefill_s"] = active.prefilled_at - active.admitted_at
+            decode_s = time.perf_counter() - active.prefilled_at
+            if finished is not None and decode_s > 0:
+                timing["decode_tok_s"] = usage.completion_tokens / decode_s
+        if active.first_output_at is not None:
+            timing["ttft_s"] = active.first_output_at - active.admitted_at
+    near = lease.near_miss if lease is not None else None
+    return RequestReport(
+        phase=phase, request_id=request.request_id, api=request.api, model=request.model,
+        namespace=request.namespace, prompt_tokens=len(request.prompt_ids),
+        cached_tokens=active.cached_tokens if active is not None else 0,
+        cache_tier=lease.tier if lease is not None else "off",
+        completion_tokens=usage.completion_tokens if usage is not None else 0,
+        finish_reason=finished.reason.value if finished is not None else None,
+        error=finished.error_message if finished is not None else None,
+        near_miss=(f"near miss of {near.entry_id} at token {near.divergence}"
+                   + (f" in {near.segment}" if near.segment else "")) if near is not None else None,
+        notes=request.notes, **timing)
 
 
 def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:

@@ -21,7 +21,15 @@ from transformers import DynamicCache
 from zllm.engine.kv_layers import supports_working_buffers, working_cache
 from zllm.engine.loader import LoadedModel
 from zllm.engine.runner import ModelRunner
-from zllm.kvcache import CacheConfig, KVLayout, Lease, PrefixCache, model_key, template_hash, weights_identity
+from zllm.kvcache import (
+    CacheConfig,
+    KVLayout,
+    Lease,
+    PrefixCache,
+    model_key,
+    template_hash,
+    weights_identity,
+)
 from zllm.runtime.detokenizer import raw_decoder
 
 log = logging.getLogger("zllm.runtime")
