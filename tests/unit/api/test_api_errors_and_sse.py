@@ -11,9 +11,21 @@ from aiohttp import web
 
 from tests.support.fake_engine import FakeEngineClient, error_events
 from zllm.api import create_app, run_server
-from zllm.api.errors import ApiError, ReportedError, describe_code, describe_exception, openai_error_body
+from zllm.api.errors import (
+    ApiError,
+    ReportedError,
+    describe_code,
+    describe_exception,
+    openai_error_body,
+)
 from zllm.api.sse import SseMessage, encode_frame
-from zllm.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, ModelNotFound, Overloaded
+from zllm.errors import (
+    ContextLengthExceeded,
+    EngineFailure,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,15 @@ import pytest
 
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_chat.decode import decode_chat_request
-from zllm.canonical import ChatRequest, FunctionTool, Message, SamplingParams, ToolCall, ToolChoice
+from zllm.canonical import (
+    ChatRequest,
+    FunctionTool,
+    Message,
+    ResponseFormat,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
 from zllm.errors import InvalidRequest
 
 
@@ -128,9 +136,9 @@ def test_assistant_tool_call_arguments_as_object_and_missing_id():
          "messages[0].content[0].type", "unknown content part type"),
         (minimal(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id", "missing required"),
         (minimal(n=2), "n", "`n` must be 1"),
-        (minimal(response_format={"type": "json_schema", "json_schema": {}}), "response_format",
-         "not supported yet"),
-        (minimal(response_format={"type": "json_object"}), "response_format", "not supported yet"),
+        (minimal(response_format={"type": "json_schema"}), "response_format.json_schema", "missing required"),
+        (minimal(response_format={"type": "yaml"}), "response_format.type", "unknown response_format type"),
+        (minimal(reasoning_effort="extreme"), "reasoning_effort", "must be one of"),
         (minimal(tools=[{"type": "web_search"}]), "tools[0].type", "only function tools"),
         (minimal(tools=[{"type": "function", "function": {}}]), "tools[0].function.name", "missing required"),
         (minimal(tool_choice="required"), "tool_choice", "needs at least one tool"),
@@ -164,3 +172,16 @@ def test_invalid_requests_name_the_field(body, param, message_part):
 def test_body_must_be_a_json_object(raw, message_part):
     with pytest.raises(InvalidRequest, match=message_part):
         parse_json_object(raw)
+
+
+def test_output_options_become_canonical():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = decode(minimal(
+        response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}},
+        reasoning_effort="none")).request
+    assert request.response_format == ResponseFormat(schema=schema, name="thing")
+    assert request.thinking is False
+    request = decode(minimal(response_format={"type": "json_object"}, reasoning_effort="high")).request
+    assert request.response_format.schema == {"type": "object"} and request.thinking is True
+    plain = decode(minimal(response_format={"type": "text"})).request
+    assert plain.response_format is None and plain.thinking is None

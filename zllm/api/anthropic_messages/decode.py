@@ -11,8 +11,8 @@
 
 `max_tokens` is required, as Anthropic requires it; a value above the room left in the window is clamped by
 the engine (Claude Code always asks for 32000), never rejected. count_tokens bodies carry no `max_tokens`.
-`thinking` is validated as an object and otherwise ignored: the canonical request has no reasoning switch
-yet, and a model that reasons does so whatever it says (its thinking is streamed as thinking blocks).
+`thinking` (enabled / adaptive / disabled) becomes the canonical reasoning switch; a model family that
+cannot reason ignores it.
 Validation errors are `InvalidRequest` naming the field; unknown fields and betas are ignored.
 """
 
@@ -33,6 +33,7 @@ from zllm.api.fields import (
     required,
     sampling_fields,
 )
+from zllm.api.output_options import thinking_from_anthropic
 from zllm.canonical import ChatRequest, SamplingParams
 from zllm.errors import InvalidRequest
 
@@ -62,7 +63,7 @@ def decode_count_tokens_request(body: dict, *, request_id: str, namespace: str) 
 
 def _decode_request(body: dict, *, request_id: str, namespace: str, max_tokens: int | None) -> ChatRequest:
     model = decode_model(body)
-    optional(body, "thinking", "object")
+    thinking = thinking_from_anthropic(body)
     conversation = decode_conversation(body, model)
     loaded = set(conversation.referenced_tools)
     forced = forced_tool_name(body.get("tool_choice"))
@@ -78,6 +79,7 @@ def _decode_request(body: dict, *, request_id: str, namespace: str, max_tokens: 
         tool_choice=decode_tool_choice(body.get("tool_choice"), has_tools=bool(tools)),
         namespace=namespace,
         api=API_NAME,
+        thinking=thinking,
     )
 
 

@@ -76,6 +76,8 @@ STOP_REASONS: dict[FinishReason, str] = {
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.LENGTH: "max_tokens",
     FinishReason.TOOL_CALLS: "tool_use",
+    # not an Anthropic value: the loop guard stopped a generation stuck repeating itself
+    FinishReason.REPETITION: "repetition",
 }
 
 # the header every Anthropic client sends (any value): how the shared /v1/models route tells them apart

@@ -29,6 +29,7 @@ from zllm.api.fields import (
     sampling_fields,
 )
 from zllm.api.openai_chat import wire
+from zllm.api.output_options import decode_format, thinking_from_effort
 from zllm.canonical import (
     ChatRequest,
     FunctionTool,
@@ -65,6 +66,9 @@ def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatC
         api=API_NAME,
         # only a hint for which cached prefix to try first: always verified against the prompt tokens
         cache_hint=optional(body, "prompt_cache_key", "string") or None,
+        thinking=thinking_from_effort(body.get("reasoning_effort"), "reasoning_effort"),
+        response_format=decode_format(optional(body, "response_format", "object"), "response_format",
+                                      nested_schema=True),
     )
     stream = bool(optional(body, "stream", "boolean"))
     stream_options = optional(body, "stream_options", "object") or {}
@@ -77,13 +81,6 @@ def _reject_unsupported(body: dict) -> None:
     n = optional(body, "n", "integer")
     if n is not None and n != 1:
         raise InvalidRequest(f"`n` must be 1: zllm generates one choice per request, got {n}", param="n")
-    response_format = optional(body, "response_format", "object")
-    if response_format is not None:
-        kind = response_format.get("type")
-        if kind in wire.RESPONSE_FORMATS_NOT_YET:
-            raise InvalidRequest(f"response_format type {kind!r} is not supported yet", param="response_format")
-        if kind != wire.RESPONSE_FORMAT_TEXT:
-            raise InvalidRequest(f"unknown response_format type {kind!r}", param="response_format.type")
     if optional(body, "logprobs", "boolean"):
         raise InvalidRequest("logprobs are not supported", param="logprobs")
     if body.get("functions") is not None or body.get("function_call") is not None:

@@ -47,15 +47,15 @@ TOOL_CHOICE_MODES = ("none", "auto", "required")
 REASONING_FIELD = "reasoning_content"
 REASONING_ALIASES = ("reasoning_content", "reasoning")
 
-RESPONSE_FORMAT_TEXT = "text"
-RESPONSE_FORMATS_NOT_YET = ("json_object", "json_schema")
-
 # ABORT has no wire name: an aborted stream just ends; ERROR is sent as an error frame instead.
 FINISH_REASONS: dict[FinishReason, str] = {
     FinishReason.STOP: "stop",
     FinishReason.STOP_SEQUENCE: "stop",
     FinishReason.LENGTH: "length",
     FinishReason.TOOL_CALLS: "tool_calls",
+    # not an OpenAI value: the loop guard stopped a generation stuck repeating itself (distinct on purpose,
+    # so a client can tell it from a natural stop)
+    FinishReason.REPETITION: "repetition",
 }
 
 DONE = "[DONE]"

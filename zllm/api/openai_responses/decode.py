@@ -29,7 +29,8 @@ from zllm.api.openai_responses.items import (
     name_tool_results,
 )
 from zllm.api.openai_responses.tools import ToolSet, decode_tool_choice, decode_tools
-from zllm.canonical import ChatRequest, Message, SamplingParams
+from zllm.api.output_options import decode_format, thinking_from_effort
+from zllm.canonical import ChatRequest, Message, ResponseFormat, SamplingParams
 from zllm.errors import InvalidRequest
 from zllm.store import StoredResponse
 
@@ -55,6 +56,8 @@ class ResponsesCall:
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
     generate: bool = True
+    thinking: bool | None = None
+    response_format: ResponseFormat | None = None
     echo: dict = field(default_factory=dict)          # fields the Response object repeats
 
 
@@ -85,6 +88,8 @@ def decode_responses_request(body: dict) -> ResponsesCall:
         previous_response_id=optional(body, "previous_response_id", "string") or None,
         prompt_cache_key=optional(body, "prompt_cache_key", "string") or None,
         generate=optional(body, "generate", "boolean") is not False,
+        thinking=thinking_from_effort((optional(body, "reasoning", "object") or {}).get("effort"), "reasoning.effort"),
+        response_format=decode_format(_text_format(body), "text.format", nested_schema=False),
         echo=_echo(body, raw_tools, instructions),
     )
 
@@ -120,18 +125,18 @@ def chat_request(call: ResponsesCall, plan: Plan, *, request_id: str, namespace:
         namespace=namespace,
         api=API_NAME,
         cache_hint=call.prompt_cache_key,
+        thinking=call.thinking,
+        response_format=call.response_format,
     )
+
+
+def _text_format(body: dict) -> dict | None:
+    text = optional(body, "text", "object") or {}
+    return optional(text, "format", "object", "text.format")
 
 
 def _reject_unsupported(body: dict) -> None:
     """Fail loudly on options we would otherwise silently not honour."""
-    text = optional(body, "text", "object") or {}
-    text_format = optional(text, "format", "object", "text.format") or {"type": wire.TEXT_FORMAT}
-    kind = text_format.get("type")
-    if kind in wire.TEXT_FORMATS_NOT_YET:
-        raise InvalidRequest(f"text.format type {kind!r} is not supported yet", param="text.format")
-    if kind != wire.TEXT_FORMAT:
-        raise InvalidRequest(f"unknown text.format type {kind!r}", param="text.format.type")
     if optional(body, "background", "boolean"):
         raise InvalidRequest("background responses are not supported", param="background")
     for name in ("conversation", "prompt"):

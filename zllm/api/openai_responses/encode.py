@@ -229,15 +229,17 @@ class ResponseEventEncoder:
         for index in sorted(self._calls):
             events += self._close_call(self._calls.pop(index), item_status)
         error = finished_error(finished) if finished.reason is FinishReason.ERROR else None
-        return [*events, self._terminal(status, finished.usage, error)]
+        return [*events, self._terminal(status, finished.usage, error, finished.reason)]
 
-    def _terminal(self, status: str, usage: Usage, error: ApiError | None = None) -> dict:
+    def _terminal(self, status: str, usage: Usage, error: ApiError | None = None,
+                  reason: FinishReason = FinishReason.LENGTH) -> dict:
         response = {**self._snapshot(), "status": status, "output": list(self._output),
                     "usage": usage_body(usage, reasoning_tokens=self._reasoning_tokens(usage))}
         if status == wire.STATUS_COMPLETED:
             response["completed_at"] = int(self._clock())
         if status == wire.STATUS_INCOMPLETE:
-            response["incomplete_details"] = {"reason": wire.INCOMPLETE_MAX_OUTPUT_TOKENS}
+            response["incomplete_details"] = {
+                "reason": wire.INCOMPLETE_REASONS.get(reason, wire.INCOMPLETE_MAX_OUTPUT_TOKENS)}
         if error is not None:
             response["error"] = failed_error_body(error)
         if self.on_finish is not None:

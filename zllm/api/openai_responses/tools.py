@@ -10,8 +10,8 @@
           calls come back as {"type": "custom_tool_call", "name": "apply_patch", "input": "<the string>"}
     {"type": "web_search" | "tool_search" | "image_generation" | "local_shell" | …}   → skipped, logged
 
-A custom tool's grammar is kept in `ToolSet.custom_formats` (canonical name → `CustomFormat`): until the
-fence constrains decoding with it, the model is only asked for a JSON object with one string `input`.
+A custom tool's grammar travels as `FunctionTool.grammar` (the fence enforces it where the dialect writes the
+input as raw text); `ToolSet.custom_formats` keeps the wire format for encoding calls back.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Literal
 
 from zllm.api.fields import check_type, optional, required
 from zllm.api.openai_responses import wire
-from zllm.canonical import FunctionTool, ToolChoice
+from zllm.canonical import FunctionTool, ToolChoice, ToolGrammar
 from zllm.errors import InvalidRequest
 
 log = logging.getLogger("zllm.api")
@@ -146,7 +146,10 @@ def _custom_tool(item: dict, param: str, namespace: str | None) -> _Decoded:
         syntax=optional(raw_format, "syntax", "string", f"{param}.format.syntax"),
         definition=optional(raw_format, "definition", "string", f"{param}.format.definition"),
     )
-    tool = FunctionTool(qualified_name(name, namespace), description, CUSTOM_PARAMETERS)
+    grammar = None
+    if custom_format.kind == "grammar" and custom_format.syntax in ("lark", "regex") and custom_format.definition:
+        grammar = ToolGrammar(custom_format.syntax, custom_format.definition)  # the fence enforces it
+    tool = FunctionTool(qualified_name(name, namespace), description, CUSTOM_PARAMETERS, grammar=grammar)
     return tool, WireTool("custom", name, namespace), custom_format
 
 

@@ -62,7 +62,6 @@ INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 ENCRYPTED_REASONING_PREFIX = "zllm.r1."
 
 TEXT_FORMAT = "text"
-TEXT_FORMATS_NOT_YET = ("json_schema", "json_object")
 
 # How a finished stream ends on the wire: status, terminal event, incomplete_details.reason.
 STATUS_COMPLETED = "completed"
@@ -74,6 +73,7 @@ FINISH_STATUS: dict[FinishReason, str] = {
     FinishReason.STOP_SEQUENCE: STATUS_COMPLETED,
     FinishReason.TOOL_CALLS: STATUS_COMPLETED,
     FinishReason.LENGTH: STATUS_INCOMPLETE,
+    FinishReason.REPETITION: STATUS_INCOMPLETE,
     FinishReason.ERROR: STATUS_FAILED,
 }
 TERMINAL_EVENTS: dict[str, str] = {
@@ -82,6 +82,12 @@ TERMINAL_EVENTS: dict[str, str] = {
     STATUS_FAILED: "response.failed",
 }
 INCOMPLETE_MAX_OUTPUT_TOKENS = "max_output_tokens"
+# not an OpenAI value: the loop guard stopped a generation stuck repeating itself
+INCOMPLETE_REPETITION = "repetition"
+INCOMPLETE_REASONS: dict[FinishReason, str] = {
+    FinishReason.LENGTH: INCOMPLETE_MAX_OUTPUT_TOKENS,
+    FinishReason.REPETITION: INCOMPLETE_REPETITION,
+}
 
 # zllm error code → `response.error.code` of a failed response; others pass through unchanged
 # (context_length_exceeded must: Codex matches on it)

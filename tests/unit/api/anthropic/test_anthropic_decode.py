@@ -6,10 +6,20 @@ import json
 
 import pytest
 
-from zllm.api.anthropic_messages.decode import decode_count_tokens_request, decode_messages_request
+from zllm.api.anthropic_messages.decode import (
+    decode_count_tokens_request,
+    decode_messages_request,
+)
 from zllm.api.anthropic_messages.signature import sign_thinking
 from zllm.api.openai_chat.decode import decode_chat_request
-from zllm.canonical import ChatRequest, FunctionTool, Message, SamplingParams, ToolCall, ToolChoice
+from zllm.canonical import (
+    ChatRequest,
+    FunctionTool,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
 from zllm.errors import InvalidRequest
 
 MODEL = "fake-model"
@@ -88,6 +98,7 @@ def test_claude_code_request_golden():
         tool_choice=ToolChoice("auto"),
         namespace="ns",
         api="anthropic_messages",
+        thinking=True,  # Claude Code's "adaptive"
     )
 
 

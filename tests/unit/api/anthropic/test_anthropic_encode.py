@@ -13,7 +13,15 @@ from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.anthropic_messages.signature import sign_thinking
 from zllm.api.errors import ReportedError
 from zllm.api.sse import encode_frame
-from zllm.canonical import Finished, FinishReason, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart, Usage
+from zllm.canonical import (
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
 from zllm.errors import Overloaded
 
 START = (

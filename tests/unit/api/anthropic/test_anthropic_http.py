@@ -9,7 +9,15 @@ import urllib.request
 
 from tests.support.fake_engine import FAKE_MODEL, text_events, tool_call_events
 from zllm.api.auth import namespace_for_key
-from zllm.canonical import Finished, FinishReason, Message, ReasoningDelta, TextDelta, ToolCall, Usage
+from zllm.canonical import (
+    Finished,
+    FinishReason,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
 
 MODEL = FAKE_MODEL.id
 USER = [{"role": "user", "content": "hi"}]

@@ -6,10 +6,22 @@ import json
 
 import pytest
 
-from zllm.api.openai_responses.decode import chat_request, decode_responses_request, plan_turn
+from zllm.api.openai_responses.decode import (
+    chat_request,
+    decode_responses_request,
+    plan_turn,
+)
 from zllm.api.openai_responses.items import encode_reasoning
 from zllm.api.openai_responses.tools import CUSTOM_PARAMETERS, CustomFormat, WireTool
-from zllm.canonical import ChatRequest, FunctionTool, Message, SamplingParams, ToolCall, ToolChoice
+from zllm.canonical import (
+    ChatRequest,
+    FunctionTool,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+    ToolGrammar,
+)
 from zllm.errors import InvalidRequest
 from zllm.store import StoredResponse
 
@@ -102,7 +114,7 @@ def test_codex_shaped_body_golden():
         FunctionTool("exec_command", "Run a command", EXEC_PARAMS),
         FunctionTool("multi_agent_v1.spawn_agent", "Spawn", EXEC_PARAMS),
         FunctionTool("multi_agent_v1.wait_agent", ""),
-        FunctionTool("apply_patch", "Edit files", CUSTOM_PARAMETERS),
+        FunctionTool("apply_patch", "Edit files", CUSTOM_PARAMETERS, grammar=ToolGrammar("lark", LARK)),
         FunctionTool("functions.exec", "", CUSTOM_PARAMETERS),
     )
     assert (request.tool_choice, request.namespace, request.api) == (ToolChoice("auto"), "ns", "openai_responses")
@@ -171,8 +183,8 @@ def test_generate_false_and_unknown_fields():
     ({"input": "x"}, "model", "missing required parameter"),
     ({"model": "m"}, "input", "must not be empty"),
     ({"model": "m", "input": 3}, "input", "must be an array"),
-    ({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format",
-     "not supported yet"),
+    ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type",
+     "unknown text.format type"),
     ({"model": "m", "input": [{"type": "message", "role": "tool", "content": "x"}]}, "input[0].role", "one of"),
     ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type", "text-only"),

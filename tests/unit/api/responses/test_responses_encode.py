@@ -15,7 +15,15 @@ from zllm.api.openai_responses.response_object import response_shell
 from zllm.api.openai_responses.routes import SseEvents
 from zllm.api.openai_responses.tools import decode_tools
 from zllm.api.sse import encode_frame
-from zllm.canonical import Finished, FinishReason, Message, ReasoningDelta, TextDelta, ToolCall, Usage
+from zllm.canonical import (
+    Finished,
+    FinishReason,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
 
 SHELL = response_shell("resp_1", model="m", created_at=100, echo={"store": False})
 USAGE = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 2,
