@@ -1,13 +1,29 @@
-"""The one settings table. Each setting has a default, a `ZLLM_*` environment variable and a CLI flag.
+"""The one settings table. Each setting has a default, a `ZLLM_*` environment variable, a config-file key
+and (for `serve`/`start`) a CLI flag.
 
-Precedence: flag > environment > default (a config file joins between env and default with the CLI issue).
+Precedence: flag > environment > config file > default. The config file is TOML with one top-level key per
+setting, named as in the table below (`-` and `_` both accepted):
+
+    # ~/.config/zllm/config.toml   (or the file $ZLLM_CONFIG names)
+    model = "smollm2"
+    port = 11435
+    cache_budget_mb = 2048
+    ssd_cache = true
+    data_dir = "~/models/zllm"
+
+`resolve_settings()` also says where each value came from (`zllm config` prints it); `load_settings()` is the
+same without the sources.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import tomllib
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 
@@ -15,6 +31,7 @@ from zllm.errors import ConfigError
 
 APP = "zllm"
 DEFAULT_MODEL = "smollm2"
+CONFIG_ENV = "ZLLM_CONFIG"
 
 
 def _default_data_dir() -> Path:
@@ -27,6 +44,21 @@ def _default_cache_dir() -> Path:
 
 def _default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir(APP))
+
+
+def _default_runtime_dir() -> Path:
+    """platformdirs' runtime dir (/run/user/UID/zllm) exists only inside a login session; containers, cron and
+    plain ssh sessions have no /run/user/UID, and there the state dir holds the socket and pid file."""
+    with warnings.catch_warnings():  # platformdirs warns (and picks /tmp/runtime-UID) when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        runtime = Path(platformdirs.user_runtime_dir(APP))
+    if runtime.parent.is_dir() and os.access(runtime.parent, os.W_OK | os.X_OK):
+        return runtime
+    return _default_state_dir()
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
 
 
 @dataclass(frozen=True)
@@ -46,9 +78,13 @@ class Settings:
     api_key: str = ""
     # most requests waiting for the engine before new ones get 503 overloaded
     max_queue: int = 64
+    # tool dialect: "auto" (chosen from the tokenizer) or hermes / qwen3 / glm45 / deepseek-v3.2 / deepseek-v4
+    dialect: str = "auto"
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
     state_dir: Path = field(default_factory=_default_state_dir)
+    # the control socket and the pid file (short-lived files: /run/user/UID when there is one)
+    runtime_dir: Path = field(default_factory=_default_runtime_dir)
     log_level: str = "info"
     # OpenAI Responses: accept WebSocket mode on GET /v1/responses (426 when off; Codex then uses POST)
     responses_websocket: bool = True
@@ -69,6 +105,19 @@ class Settings:
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.runtime_dir / "zllm.sock"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.runtime_dir / "zllm.pid"
+
+    @property
+    def log_file(self) -> Path:
+        """Where `zllm start` sends a background daemon's log (a foreground `serve` logs to stderr)."""
+        return self.state_dir / "zllm.log"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -93,18 +142,30 @@ def env_name(setting: str) -> str:
     return f"ZLLM_{setting.upper()}"
 
 
-def _coerce(name: str, raw: str, kind: type | str) -> object:
-    kind_name = kind if isinstance(kind, str) else kind.__name__
+SETTING_NAMES = tuple(f.name for f in fields(Settings))
+_KINDS = {f.name: (f.type if isinstance(f.type, str) else f.type.__name__) for f in fields(Settings)}
+
+
+def parse_setting(name: str, raw: str) -> object:
+    """A setting's typed value from its text form (as in a `ZLLM_*` variable)."""
+    return _coerce(name, raw, _KINDS[name])
+
+
+def _coerce(name: str, raw: str, kind: str) -> object:
     try:
-        if kind_name == "int":
-            return int(raw)
-        if kind_name == "bool":
-            return _parse_bool(raw)
-        if kind_name == "Path":
-            return Path(raw).expanduser()
-        return raw
+        return _parse_text(raw, kind)
     except ValueError:
-        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind_name}") from None
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind}") from None
+
+
+def _parse_text(raw: str, kind: str) -> object:
+    if kind == "int":
+        return int(raw)
+    if kind == "bool":
+        return _parse_bool(raw)
+    if kind == "Path":
+        return Path(raw).expanduser()
+    return raw
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -118,13 +179,102 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def load_settings(env: dict[str, str] | None = None, **overrides: object) -> Settings:
-    """Settings from the environment, then `overrides` (flags; `None` means "not given")."""
+# ---------------------------------------------------------------------- config file
+
+
+def config_path(env: dict[str, str] | None = None) -> tuple[Path, bool]:
+    """The config file to read and whether it was named explicitly ($ZLLM_CONFIG must exist; the default
+    location may be absent)."""
     env = os.environ if env is None else env
+    named = env.get(CONFIG_ENV)
+    if named:
+        return Path(named).expanduser(), True
+    return default_config_path(), False
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """Setting name → typed value. Unknown keys are errors: a typo must not be silently ignored."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file, or point ZLLM_CONFIG elsewhere") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror}",
+                          hint=f"create it, or unset {CONFIG_ENV}") from None
     values: dict[str, object] = {}
-    for f in fields(Settings):
-        raw = env.get(env_name(f.name))
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in _KINDS:
+            close = difflib.get_close_matches(name, SETTING_NAMES, n=1)
+            hint = f"did you mean `{close[0]}`?" if close else f"known settings: {', '.join(SETTING_NAMES)}"
+            raise ConfigError(f"{path}: unknown setting `{key}`", hint=hint)
+        values[name] = _config_value(path, name, value)
+    return values
+
+
+def _config_value(path: Path, name: str, value: object) -> object:
+    kind = _KINDS[name]
+    if isinstance(value, str) and kind != "str":
+        try:
+            return _parse_text(value, kind)
+        except ValueError:
+            pass
+    elif kind == "bool" and isinstance(value, bool):
+        return value
+    elif kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif kind == "str" and isinstance(value, str):
+        return value
+    raise ConfigError(f"{path}: `{name}` must be a {kind}, not {value!r}")
+
+
+# ---------------------------------------------------------------------- resolution
+
+SourceKind = Literal["flag", "env", "config", "default"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one effective value came from: the flag, the variable name or the config file's path."""
+
+    kind: SourceKind
+    origin: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.origin})" if self.origin else self.kind
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    settings: Settings
+    sources: dict[str, Source]
+    config_file: Path
+    config_found: bool
+
+
+def resolve_settings(env: dict[str, str] | None = None, **overrides: object) -> ResolvedSettings:
+    """Settings from defaults < config file < environment < `overrides` (flags; `None` means "not given")."""
+    env = os.environ if env is None else env
+    path, named = config_path(env)
+    found = path.is_file()
+    if named and not found:
+        raise ConfigError(f"the config file {path} does not exist", hint=f"create it, or unset {CONFIG_ENV}")
+    values: dict[str, object] = {}
+    sources: dict[str, Source] = {name: Source("default") for name in SETTING_NAMES}
+    if found:
+        for name, value in read_config_file(path).items():
+            values[name], sources[name] = value, Source("config", str(path))
+    for name in SETTING_NAMES:
+        raw = env.get(env_name(name))
         if raw is not None and raw != "":
-            values[f.name] = _coerce(f.name, raw, f.type)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return replace(Settings(), **values)
+            values[name], sources[name] = _coerce(name, raw, _KINDS[name]), Source("env", env_name(name))
+    for name, value in overrides.items():
+        if value is not None:
+            values[name], sources[name] = value, Source("flag", "--" + name.replace("_", "-"))
+    return ResolvedSettings(replace(Settings(), **values), sources, path, found)
+
+
+def load_settings(env: dict[str, str] | None = None, **overrides: object) -> Settings:
+    """Settings from the config file, the environment, then `overrides` (flags; `None` means "not given")."""
+    return resolve_settings(env, **overrides).settings

@@ -132,6 +132,14 @@ class Dialect(ABC):
     # whether this family can reason in `<think>` blocks, and whether it does when a request does not say
     supports_thinking: ClassVar[bool] = False
     thinking_default: ClassVar[bool] = False
+    # False for families that write the whole prompt themselves (DeepSeek DSML, GLM): no Jinja template needed
+    needs_chat_template: ClassVar[bool] = True
+
+    def wants_thinking(self, requested: bool | None) -> bool:
+        """The request's reasoning switch resolved for this family (None = the family's default)."""
+        if not self.supports_thinking:
+            return False
+        return self.thinking_default if requested is None else requested
 
     @abstractmethod
     def render(self, conversation: Conversation, template: ChatTemplate | None) -> str:
@@ -164,4 +172,6 @@ def canonical_arguments(arguments: str | dict) -> str:
 
 # The llguidance JSON options that make the model write exactly `canonical_arguments`' spelling: no optional
 # whitespace, the same separators. Put under "x-guidance" in every `%json` schema a dialect emits.
-CANONICAL_JSON_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CANONICAL_JSON_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                           # unknown keywords (a client's "format": "weird") are ignored, not a grammar error
+                           "lenient": True}

@@ -1,21 +1,14 @@
 """Render a canonical `ChatRequest` to the exact prompt token ids the model sees.
 
-The model's own chat template (Jinja, run by `tokenizer.apply_chat_template`) renders the conversation to
-text with the generation prompt appended (`...<|im_start|>assistant\n` for ChatML); the text is then encoded
-with `add_special_tokens=False`, so special-token text the template wrote (`<|im_start|>`, `<s>`) becomes one
-special token each and nothing is added twice. A tokenizer that normally prepends BOS gets it here only
-when the template did not already render it.
+The model's tool dialect (zllm/dialects) owns the text: it injects the tool instructions, renders past calls
+and results as the model itself writes them, and either hands plain `{"role", "content"}` messages to the
+model's own chat template (Jinja, `tokenizer.apply_chat_template`) for the framing or writes the framing itself
+(DeepSeek DSML). The text is then encoded with `add_special_tokens=False`, so special-token text
+(`<|im_start|>`, `<s>`) becomes one special token each and nothing is added twice. A tokenizer that normally
+prepends BOS gets it here only when the text did not already start with it.
 
-Tool calls and tools go to the template in the Hugging Face chat shape:
-
-    {"role": "assistant", "content": "...", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}
-    {"role": "tool", "content": "...", "tool_call_id": "call_1", "name": "f"}
-    tools=[{"type": "function", "function": {"name": "f", "description": "...", "parameters": {...}}}]
-
-Templates expect `arguments` as an object (they `tojson` it), so JSON-object text is parsed; anything else is
-passed through as the string the model produced. Byte-exact re-rendering of past calls is the job of the
-tool dialects (a later issue), which will own this conversion per model family.
+Which dialect: `choose_dialect` (dialects/registry.py) from the tokenizer's added tokens and template, unless
+the caller passes one (`--dialect`). The request's reasoning switch is resolved against the family's default.
 """
 
 from __future__ import annotations
@@ -24,6 +17,8 @@ import json
 from dataclasses import dataclass
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
+from zllm.dialects import Conversation, Dialect
+from zllm.dialects.registry import DialectChoice, TokenizerFacts, choose_dialect
 from zllm.errors import ConfigError, InvalidRequest
 from zllm.prompt.cache_busters import drop_billing_headers
 
@@ -46,11 +41,22 @@ class PromptRenderer:
     Stateless after construction and safe to call from several threads (the tokenizer's Rust encoder is).
     """
 
-    def __init__(self, tokenizer):
-        if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("the model's tokenizer has no chat template", hint="use an instruct/chat model")
+    def __init__(self, tokenizer, dialect: Dialect | DialectChoice | None = None, *, dialect_override: str | None = None):
+        """`dialect` None: chosen from the tokenizer (or by name with `dialect_override`, e.g. config)."""
+        if dialect is None:
+            dialect = choose_dialect(tokenizer_facts(tokenizer), dialect_override)
+        self.choice = dialect if isinstance(dialect, DialectChoice) else DialectChoice(dialect, "given by the caller")
+        self.dialect = self.choice.dialect
+        self._template = _template_of(tokenizer)
+        if self._template is None and self.dialect.needs_chat_template:
+            raise ConfigError(f"the model's tokenizer has no chat template and dialect {self.dialect.name} needs one",
+                              hint="use an instruct/chat model, or a dialect that renders its own framing")
         self.tokenizer = tokenizer
         self._bos_id = _default_bos_id(tokenizer)
+
+    def thinking(self, request: ChatRequest) -> bool:
+        """Whether this request's output opens with reasoning (the parser and the fence must agree with it)."""
+        return self.dialect.wants_thinking(request.thinking)
 
     def render(self, request: ChatRequest) -> RenderedPrompt:
         messages, dropped = drop_billing_headers(request.messages)
@@ -89,19 +95,37 @@ class PromptRenderer:
                          add_generation_prompt: bool = True) -> str:
         if not messages:
             raise InvalidRequest("nothing to render once per-session header lines are removed", param="messages")
+        conversation = Conversation(messages=messages, tools=request.tools if tools else (),
+                                    thinking=self.thinking(request), add_generation_prompt=add_generation_prompt)
+        return self.dialect.render(conversation, self._template)
+
+    def count(self, request: ChatRequest) -> int:
+        return len(self.render(request).token_ids)
+
+
+class _TemplateAdapter:
+    """The tokenizer's Jinja chat template as a dialects.ChatTemplate (plain messages in, text out)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __call__(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                to_hf_messages(messages),
-                tools=(to_hf_tools(request.tools) or None) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-            )
+            return self._tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                       tokenize=False)
         except Exception as exc:  # jinja2 TemplateError ("roles must alternate", raise_exception(...)), etc.
             raise InvalidRequest(f"the model's chat template rejected the conversation: {exc}",
                                  param="messages") from exc
 
-    def count(self, request: ChatRequest) -> int:
-        return len(self.render(request).token_ids)
+
+def _template_of(tokenizer) -> _TemplateAdapter | None:
+    return _TemplateAdapter(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+
+
+def tokenizer_facts(tokenizer) -> TokenizerFacts:
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return TokenizerFacts(added_tokens=frozenset(token.content for token in added.values()),
+                          chat_template=getattr(tokenizer, "chat_template", None) or None)
 
 
 def _default_bos_id(tokenizer) -> int | None:

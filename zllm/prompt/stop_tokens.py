@@ -48,3 +48,18 @@ def _as_ids(source: int | Iterable[int] | None) -> list[int]:
 def _single_token_id(tokenizer, text: str) -> int | None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     return ids[0] if len(ids) == 1 else None
+
+
+def single_token_ids(tokenizer, texts: Iterable[str]) -> frozenset[int]:
+    """Ids of the `texts` that are one token in this tokenizer (a dialect's end-of-turn markers)."""
+    return frozenset(i for i in (_single_token_id(tokenizer, text) for text in texts) if i is not None)
+
+
+def control_token_ids(tokenizer, markup: Iterable[str]) -> frozenset[int]:
+    """Special tokens that are never output text (`<|im_start|>` from a confused model), except the
+    dialect's own markup (`<think>`, DeepSeek V4's `｜DSML｜`) which its parser must see."""
+    keep = single_token_ids(tokenizer, markup)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = {token_id for token_id, token in added.items() if getattr(token, "special", False)}
+    special.update(getattr(tokenizer, "all_special_ids", None) or ())
+    return frozenset(special - keep)

@@ -18,10 +18,13 @@ from pathlib import Path
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard
 from zllm.config import Settings
+from zllm.dialects import Dialect
+from zllm.dialects.registry import DialectChoice
 from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig, PrefixCache
 from zllm.prompt import (
     PromptRenderer,
@@ -29,6 +32,7 @@ from zllm.prompt import (
     model_stop_token_ids,
     position_describer,
 )
+from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.prefix import (
     build_prefix_cache,
@@ -73,26 +77,28 @@ class LocalRequestStream:
 class LocalEngineClient:
     def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
-                 observer: Callable[[RequestReport], None] | None = None):
+                 observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
         turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
-        engine thread (it must only hand off, e.g. TraceHub.publish)."""
+        engine thread (it must only hand off, e.g. TraceHub.publish). `dialect` names the tool dialect
+        (None / "auto": chosen from the tokenizer, see dialects/registry.py)."""
         self.loaded = loaded
         self.model_name = model_name
         self.created = created
         self.max_queue = max_queue
-        self.renderer = PromptRenderer(loaded.tokenizer)
+        self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
         self.stop_token_ids = model_stop_token_ids(
             loaded.tokenizer,
             getattr(loaded.model.generation_config, "eos_token_id", None),
             loaded.model.config.get_text_config().eos_token_id,
-        )
+        ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
         runner = ModelRunner(loaded.model)
         self.prefix_cache: PrefixCache | None = (
             build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
         self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
                                  prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
-                                 observer=observer)
+                                 observer=observer,
+                                 hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup))
         self.engine.start()
 
     @classmethod
@@ -120,7 +126,17 @@ class LocalEngineClient:
             cache_config=cache_config_from_settings(settings, loaded, served_model_key(loaded)),
             prefix_cache=settings.cache_rounds > 0,
             observer=observer,
+            dialect=settings.dialect,
         )
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.renderer.dialect
+
+    @property
+    def dialect_choice(self) -> DialectChoice:
+        """Which tool dialect this model speaks and why (for `zllm ps` and the startup log)."""
+        return self.renderer.choice
 
     @property
     def context_length(self) -> int:
@@ -154,6 +170,8 @@ class LocalEngineClient:
             api=request.api,
             model=request.model,
             notes=tuple(f"dropped per-session line: {line[:80]}" for line in prompt.dropped),
+            parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
+                                       new_call_id=new_tool_call_id),
         )
         stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
         self.engine.submit(engine_request)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from zllm.canonical import Event, Finished, FinishReason, TextDelta, Usage
+from zllm.canonical import Event, Finished, FinishReason, Usage
+from zllm.dialects import StreamParser
 from zllm.engine.kv_layers import cache_buffers, cache_state
 from zllm.engine.loader import apply_threads
 from zllm.engine.runner import ModelRunner
@@ -40,6 +41,7 @@ from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.report import RequestReport
 from zllm.runtime.stops import StopTokens
+from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
 log = logging.getLogger("zllm.runtime")
 
@@ -69,6 +71,8 @@ class EngineRequest:
     api: str = ""
     model: str = ""
     notes: tuple[str, ...] = ()
+    # the dialect's incremental parser for this generation (None: plain text); built by the client
+    parser: StreamParser | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -92,7 +96,7 @@ class ActiveRequest:
     request: EngineRequest
     cache: DynamicCache
     sampler: Sampler
-    output: OutputProcessor
+    output: TurnOutput
     logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
     lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
     # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
@@ -135,11 +139,13 @@ class EngineLoop:
         prefix_cache: PrefixCache | None = None,
         model_key: str = "",
         observer: Callable[[RequestReport], None] | None = None,
+        hidden_ids: frozenset[int] = frozenset(),
     ):
         self.runner = runner
         self.prefix_cache = prefix_cache
         self._model_key = model_key  # KV compatibility identity; part of every cache namespace
         self._observer = observer  # gets a RequestReport when a request starts and when it ends
+        self._hidden_ids = hidden_ids  # control tokens never streamed as text (see OutputProcessor)
         self._tokenizer = tokenizer
         self._token_text = raw_decoder(tokenizer, skip_special_tokens=False)
         self._model_stop_ids = model_stop_ids
@@ -278,25 +284,28 @@ class EngineLoop:
         token = active.sampler(active.logits)  # [1, 1] on the device
         token_id = token.item()  # the one host sync per token
         active.generated.append(token_id)
-        text, ending = active.output.accept(token_id)
-        if text:
-            if active.first_output_at is None:
-                active.first_output_at = time.perf_counter()
-            active.request.emit(TextDelta(text))
+        events, ending = active.output.accept(token_id)
+        if events and active.first_output_at is None:
+            active.first_output_at = time.perf_counter()
+        for event in events:
+            active.request.emit(event)
         if ending is not None:
             return active.finished(ending.reason, ending.stop_sequence)
         active.logits = self.runner.decode(token, active.cache)
         return None
 
-    def _output_processor(self, request: EngineRequest) -> OutputProcessor:
+    def _output_processor(self, request: EngineRequest) -> TurnOutput:
         model_ids = self._model_stop_ids if request.use_model_stop_tokens else frozenset()
-        return OutputProcessor(
-            detokenizer=IncrementalDetokenizer(self._tokenizer),
+        text_stage = OutputProcessor(
+            # special tokens stay in the text (a dialect's <think> may be one); hidden_ids drops control tokens
+            detokenizer=IncrementalDetokenizer(self._tokenizer, skip_special_tokens=False),
             stop_tokens=StopTokens(model_ids, request.stop_token_ids),
             stop_strings=request.stop_strings,
             max_tokens=request.max_tokens,
             token_text=lambda token_id: self._token_text([token_id]),
+            hidden_ids=self._hidden_ids,
         )
+        return TurnOutput(text_stage, request.parser or PlainTextParser())
 
 
 def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequest | None) -> None:

@@ -29,6 +29,7 @@ class OutputProcessor:
         stop_strings: tuple[str, ...],
         max_tokens: int,
         token_text: Callable[[int], str],
+        hidden_ids: frozenset[int] = frozenset(),
     ):
         assert max_tokens >= 1, "the client clamps max_tokens to >= 1"
         self._detokenizer = detokenizer
@@ -36,6 +37,9 @@ class OutputProcessor:
         self._stop_strings = StopStringMatcher(stop_strings)
         self._max_tokens = max_tokens
         self._token_text = token_text  # for reporting which stop token id matched
+        # control tokens that are never text (<|im_start|> from a confused model); the dialect's markup tokens
+        # (<tool_call>, <think>) are NOT hidden even where the tokenizer marks them special
+        self._hidden_ids = hidden_ids
         self.completion_tokens = 0
 
     def accept(self, token_id: int) -> tuple[str, Ending | None]:
@@ -45,7 +49,8 @@ class OutputProcessor:
             # the stop token's own text is never emitted; text held before it is
             stop_sequence = self._token_text(token_id) if token_reason is FinishReason.STOP_SEQUENCE else None
             return self._end(Ending(token_reason, stop_sequence))
-        text, matched = self._stop_strings.feed(self._detokenizer.push(token_id))
+        piece = "" if token_id in self._hidden_ids else self._detokenizer.push(token_id)
+        text, matched = self._stop_strings.feed(piece)
         if matched is not None:
             return text, Ending(FinishReason.STOP_SEQUENCE, matched)
         if self.completion_tokens >= self._max_tokens:

@@ -137,9 +137,11 @@ def test_two_branches_off_a_long_shared_prefix_cost_little_more_than_one(make_cl
     client = make_client()
     system = " ".join(f"rule{i}: keep functions small." for i in range(220))  # ~1.5K tokens
     ask(client, chat([Message("system", system), Message("user", "branch one")], "b1", max_tokens=8))
+    settle(client)  # the terminal state is kept just after the Finished event is sent
     one = client.prefix_cache.device_tier.bytes
     _, second = ask(client, chat([Message("system", system), Message("user", "branch two")], "b2", max_tokens=8))
     assert second.usage.cached_tokens > 1400
+    settle(client)
     assert client.prefix_cache.device_tier.bytes < 1.2 * one
 
 

@@ -1,0 +1,135 @@
+"""The llguidance fence for Hermes / Qwen output: the same literals the parser scans for, as a Lark grammar.
+
+Tools A and B, tool_choice auto, Qwen vocabulary (`<tool_call>` = 151657, `</tool_call>` = 151658 are single
+added tokens, so the grammar names them by id; a quoted literal would only match ordinary text bytes):
+
+    %llguidance {}
+    start: answer
+    answer: TEXT calls?
+    call: <[151657]> call_rest
+    call_rest: "\\n" call_json "\\n" <[151658]>
+    call_json: tool_0 | tool_1
+    // "A"
+    tool_0: "{\\"name\\": \\"A\\", \\"arguments\\": " %json {...A's parameters, "x-guidance": {...}} "}"
+    // "B"
+    tool_1: "{\\"name\\": \\"B\\", \\"arguments\\": " %json {...} "}"
+    calls: call ("\\n" call)*
+    TEXT: /(?s:.*)/ & ~/(?s:.*)(?i:<\\/?tool_call>)(?s:.*)/
+
+Free text may never spell a tool tag as ordinary text either (the parser would read it as one). Where the
+opener is plain text (SmolLM2) free text cannot simply precede it (a greedy TEXT would swallow the opener), so
+the text before the first call is a lazy lexeme ending at the opener:
+
+    answer: TEXT | call_head call_rest ("\\n" call)*
+    call_head[lazy]: TEXT "<tool_call>"
+
+Modes: `none` is TEXT alone; `auto` is text then calls (or, with a response schema, that JSON or calls);
+`required` and `tool` are calls only (to any tool / to the named one), separated by exactly "\\n" as rendered.
+With thinking (Qwen3) the output may open with `<think>...</think>\\n\\n`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from zllm.canonical import FunctionTool
+from zllm.dialects.base import (
+    CANONICAL_JSON_GUIDANCE,
+    FenceGrammar,
+    FenceSpec,
+    MarkupTokens,
+)
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# canonical spelling, and unknown keywords or formats in client schemas (e.g. "format": "uri-reference")
+# ignored rather than failing the whole request
+JSON_GUIDANCE = {**CANONICAL_JSON_GUIDANCE, "lenient": True}
+ANY = "/(?s:.*)/"
+# text that is not a tool tag in any case: the parser tolerates `<TOOL_CALL>`, so the fence never writes one
+TEXT_RULE = "TEXT: " + ANY + r" & ~/(?s:.*)(?i:<\/?tool_call>)(?s:.*)/"
+CALLS_RULE = 'calls: call ("\\n" call)*'
+REASONING_RULE = "REASONING: " + ANY + r" & ~/(?s:.*)<\/think>(?s:.*)/"
+
+
+def hermes_fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, thinking: bool) -> FenceGrammar | None:
+    if not spec.constrains:
+        return None
+    tools = callable_tools(spec)
+    lines = ["%llguidance {}", "start: think? answer" if thinking else "start: answer"]
+    if thinking:
+        lines += think_rules(markup)
+    lines += answer_rules(spec, tools, markup)
+    literals = ((OPEN, CLOSE) if tools else ()) + ((THINK_OPEN, THINK_CLOSE) if thinking else ())
+    return FenceGrammar(lark="\n".join(lines) + "\n", literals=literals)
+
+
+def callable_tools(spec: FenceSpec) -> tuple[FunctionTool, ...]:
+    if spec.choice.mode == "none":
+        return ()
+    if spec.choice.mode == "tool":
+        chosen = tuple(tool for tool in spec.tools if tool.name == spec.choice.name)
+        if not chosen:
+            raise ValueError(f"tool_choice names {spec.choice.name!r}, which is not among the tools")
+        return chosen
+    return spec.tools
+
+
+def answer_rules(spec: FenceSpec, tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:
+    schema = spec.response_schema
+    if not tools:
+        return ["answer: json_answer", json_answer_rule(schema)] if schema is not None else ["answer: TEXT", TEXT_RULE]
+    calls = call_rules(tools, markup)
+    calls.append(CALLS_RULE)
+    if spec.choice.mode in ("required", "tool"):
+        return ["answer: calls", *calls]
+    if schema is not None:
+        return ["answer: json_answer | calls", json_answer_rule(schema), *calls]
+    if markup.is_single(OPEN):  # TEXT cannot match an added token, so it ends where the opener starts
+        return ["answer: TEXT calls?", *calls, TEXT_RULE]
+    calls.pop()  # the first call follows the lazy head instead
+    head = f"call_head[lazy]: TEXT {markup.lark(OPEN)}"
+    return ['answer: TEXT | call_head call_rest ("\\n" call)*', head, *calls, TEXT_RULE]
+
+
+def call_rules(tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:
+    rules = [
+        f"call: {markup.lark(OPEN)} call_rest",
+        f'call_rest: "\\n" call_json "\\n" {markup.lark(CLOSE)}',
+        "call_json: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
+    ]
+    for i, tool in enumerate(tools):
+        envelope = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
+        rules.append(f"// {json.dumps(tool.name, ensure_ascii=False)}")  # escaped: a comment ends at a newline
+        rules.append(f'tool_{i}: {lark_string(envelope)} %json {guided(arguments_schema(tool))} "}}"')
+    return rules
+
+
+def arguments_schema(tool: FunctionTool) -> dict:
+    if tool.grammar is not None:
+        # A free-form tool (Codex apply_patch) takes {"input": text} where the text follows its own Lark or
+        # regex grammar. Inside a JSON string that grammar would apply to the escaped form, which llguidance
+        # cannot express, so the fence only guarantees a JSON string here; the tool checks its input itself.
+        return {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+                "additionalProperties": False}
+    return tool.parameters or {"type": "object"}
+
+
+def think_rules(markup: MarkupTokens) -> list[str]:
+    if markup.is_single(THINK_OPEN) and markup.is_single(THINK_CLOSE):
+        return [f'think: {markup.lark(THINK_OPEN)} REASONING {markup.lark(THINK_CLOSE)} "\\n\\n"', REASONING_RULE]
+    # plain-text tags: a lazy lexeme, so the reasoning ends at the first closer
+    return ['think: think_block "\\n\\n"',
+            f"think_block[lazy]: {lark_string(THINK_OPEN)} {ANY} {lark_string(THINK_CLOSE)}"]
+
+
+def json_answer_rule(schema: dict) -> str:
+    return f"json_answer: %json {guided(schema)}"
+
+
+def guided(schema: dict) -> str:
+    return json.dumps({**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_GUIDANCE}})
+
+
+def lark_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)

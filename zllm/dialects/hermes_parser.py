@@ -1,0 +1,337 @@
+"""Incremental parser of Hermes / Qwen output: text, `<think>` reasoning (Qwen3), `<tool_call>` JSON calls.
+
+    <think>\\n{reasoning}\\n</think>\\n\\n         (Qwen3 when thinking: only at the very start of the output)
+    {text}\\n<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>\\n<tool_call>\\n...
+
+Framing that is not content (so that rendering the parsed turn gives the output back byte for byte):
+- the "\\n" after `<think>`, the "\\n" before `</think>` and up to two "\\n" after it;
+- the "\\n" before `<tool_call>` when text or a call precedes it in this output (alone at the start it is text);
+- whitespace between a call's closing `}` and `</tool_call>`.
+
+Events: ToolCallStart as soon as the name string is complete; ToolCallArgsDelta with the arguments text as it
+arrives (never the object's closing `}`); ToolCallEnd with the whole arguments text as written. Slips tolerated
+without being relied on: `<TOOL_CALL>` in upper case, `"parameters"` for `"arguments"`, `"arguments"` given as
+a JSON string (its decoded text is the arguments), raw newlines inside strings, a stray `</tool_call>` (dropped),
+a missing `</tool_call>` before the next `<tool_call>`.
+
+Malformed calls. Until the name is known, a body that stops being a JSON object prefix is not a call: the
+opener and body go out as text, up to and including the next `</tool_call>` (nothing lost). Once the name is
+known the call is committed (ToolCallStart went out; to stay split-invariant the parser cannot take it back):
+a break inside the arguments keeps the rest of the body, up to `</tool_call>`, as arguments text with the
+object's closing `}` dropped; a break elsewhere ends the call there and the rest is text.
+
+End of output (`finish`): held text is flushed; an open call ends with ToolCallEnd carrying the arguments so
+far (`{}` when none had started; a JSON-string `arguments` still open is given raw) and is not counted in
+`calls_completed`, which counts calls that ended before the output did.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from zllm.canonical import (
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from zllm.dialects.base import StreamParser
+from zllm.dialects.hermes_json_cursor import WHITESPACE, JsonCursor
+from zllm.dialects.scan import TagScanner
+
+OPENERS = ("<tool_call>", "<TOOL_CALL>")
+CLOSERS = ("</tool_call>", "</TOOL_CALL>")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+# "\n<tool_call>" is a tag of its own so a "\n" that may be framing is held back until the opener decides it
+TEXT_TAGS = tuple("\n" + tag for tag in OPENERS) + OPENERS + CLOSERS
+REASONING_TAGS = ("\n" + THINK_CLOSE, THINK_CLOSE)
+# what follows a value that broke inside `arguments`: the object's own closing brace and framing whitespace
+_OUTER_CLOSE = re.compile(r"(\s*\})?\s*\Z")
+
+
+@dataclass
+class _OpenCall:
+    opener: str  # the opener as written, with its "\n" when that was framing: a malformed call gives it back
+    cursor: JsonCursor = field(default_factory=JsonCursor)
+    body: str = ""  # the text after the opener, kept until the call is committed
+    index: int = -1
+    name: str | None = None  # set when committed
+    key: str | None = None  # the member key last read
+    member: str | None = None  # "name" / "arguments" / "other" while a member value is read
+    name_raw: str = ""
+    args_raw: str | None = None  # the arguments value as written; None: not started
+    args_is_string: bool = False
+    args_closed: bool = False
+    args_decoded: str = ""  # a JSON-string `arguments`, decoded
+    broken_at: int | None = None  # where in args_raw the JSON broke (after commit)
+    sent: int = 0  # how much of the arguments went out as ToolCallArgsDelta
+
+    def streamable(self) -> str:
+        """The arguments text that can go out now."""
+        if self.args_raw is None:
+            return ""
+        if self.args_is_string:
+            return self.args_decoded if self.args_closed else ""
+        return self._trimmed()
+
+    def final(self) -> str:
+        """The arguments text when the call ends now."""
+        if self.args_raw is None:
+            return "{}"
+        if self.args_is_string and not self.args_closed:
+            return self._trimmed()
+        return self.streamable()
+
+    def _trimmed(self) -> str:
+        if self.broken_at is None:
+            return self.args_raw
+        tail = self.args_raw[self.broken_at:]
+        return self.args_raw[:self.broken_at] + tail[:_OUTER_CLOSE.search(tail).start()]
+
+
+class HermesParser(StreamParser):
+    def __init__(self, *, thinking: bool, new_call_id: Callable[[], str]):
+        self._new_call_id = new_call_id
+        self._mode = "start" if thinking else "text"
+        self._scanner = TagScanner(TEXT_TAGS)  # one scanner; its tags follow the mode, held text is empty then
+        self._events: list[Event] = []
+        self._start = ""  # output so far while it might still open with <think>
+        self._reasoning_fresh = True  # the "\n" right after <think> is framing
+        self._newlines_after_think = 0
+        self._drop_leading_ws = False  # between a call's JSON and </tool_call>
+        self._wrote_anything = False  # text or a call so far: a "\n" before <tool_call> is then framing
+        self._call: _OpenCall | None = None
+        self._started = 0
+        self._completed = 0
+
+    @property
+    def calls_completed(self) -> int:
+        return self._completed
+
+    def feed(self, text: str) -> list[Event]:
+        while text:
+            text = getattr(self, f"_feed_{self._mode}")(text)
+        self._flush_arguments()
+        return self._take_events()
+
+    def finish(self) -> list[Event]:
+        held = self._start + "".join(piece.text for piece in self._scanner.flush())
+        self._start = ""
+        if self._mode in ("start", "text", "raw"):
+            self._text(held)
+        elif self._mode == "reasoning":
+            self._reasoning(held)
+        elif self._mode == "broken_args":
+            self._call.args_raw += held
+            self._end_call(counted=False)
+        elif self._mode == "call":
+            if self._call.name is None:
+                self._text(self._call.opener + self._call.body)
+                self._call = None
+            else:
+                self._end_call(counted=False)
+        self._mode = "text"
+        return self._take_events()
+
+    # ---------------------------------------------------------------------------------- modes
+
+    def _feed_start(self, text: str) -> str:
+        self._start += text
+        if THINK_OPEN.startswith(self._start) and self._start != THINK_OPEN:
+            return ""  # might still become <think>
+        start, self._start = self._start, ""
+        if start.startswith(THINK_OPEN):
+            self._mode = "reasoning"
+            return start[len(THINK_OPEN):]
+        self._mode = "text"
+        return start
+
+    def _feed_reasoning(self, text: str) -> str:
+        before, tag, rest = self._scan(REASONING_TAGS, text)
+        self._reasoning(before)
+        if tag is not None:
+            self._mode = "after_think"
+        return rest
+
+    def _feed_after_think(self, text: str) -> str:
+        at = 0
+        while at < len(text) and text[at] == "\n" and self._newlines_after_think < 2:
+            at += 1
+            self._newlines_after_think += 1
+        if at < len(text) or self._newlines_after_think == 2:
+            self._mode = "text"
+        return text[at:]
+
+    def _feed_text(self, text: str) -> str:
+        before, tag, rest = self._scan(TEXT_TAGS, text)
+        self._text(before)
+        if tag is None:
+            return rest
+        self._drop_leading_ws = False
+        if tag in CLOSERS:
+            return rest  # a stray closer
+        if tag.startswith("\n") and not self._wrote_anything:
+            self._text("\n")  # nothing before it: not a separator
+            tag = tag[1:]
+        self._call = _OpenCall(opener=tag)
+        self._mode = "call"
+        return rest
+
+    def _feed_call(self, text: str) -> str:
+        call = self._call
+        for at, ch in enumerate(text):
+            cursor = call.cursor
+            cursor.step(ch)
+            if cursor.member_ended_before:  # a number or literal ended before `ch`, valid or not
+                self._end_member()
+            if cursor.error:
+                return self._call_broke(text[at:])
+            if cursor.member_started and not self._start_member(ch):
+                return self._call_broke(text[at:])
+            self._read_body_char(ch)
+            if cursor.member_ended_with:
+                self._end_member()
+            if cursor.key is not None:
+                call.key = cursor.key
+            if cursor.done:
+                return self._call_closed(text[at + 1:])
+        return ""
+
+    def _feed_raw(self, text: str) -> str:
+        """A malformed call: text, up to and including its closer."""
+        before, tag, rest = self._scan(CLOSERS, text)
+        self._text(before + (tag or ""))
+        if tag is not None:
+            self._mode = "text"
+        return rest
+
+    def _feed_broken_args(self, text: str) -> str:
+        before, tag, rest = self._scan(CLOSERS, text)
+        self._call.args_raw += before
+        if tag is not None:
+            self._end_call(counted=True)
+            self._mode = "text"
+        return rest
+
+    # ---------------------------------------------------------------------------------- calls
+
+    def _start_member(self, ch: str) -> bool:
+        """A member value starts with `ch`; False when that makes the body no call."""
+        call = self._call
+        if call.key == "name" and call.name is None:
+            call.member, call.name_raw = "name", ""
+            return ch == '"'  # only a string names a tool
+        if call.key in ARGUMENT_KEYS and call.args_raw is None:
+            call.member, call.args_raw, call.args_is_string = "arguments", "", ch == '"'
+        else:
+            call.member = "other"
+        return True
+
+    def _read_body_char(self, ch: str) -> None:
+        call = self._call
+        if call.name is None:
+            call.body += ch
+        if call.member == "name":
+            call.name_raw += ch
+        elif call.member == "arguments":
+            call.args_raw += ch
+
+    def _end_member(self) -> None:
+        call = self._call
+        if call.member == "name":
+            call.name = json.loads(call.name_raw, strict=False)
+            call.index = self._started
+            self._started += 1
+            self._wrote_anything = True
+            self._events.append(ToolCallStart(call.index, self._new_call_id(), call.name))
+        elif call.member == "arguments":
+            call.args_closed = True
+            if call.args_is_string:
+                call.args_decoded = json.loads(call.args_raw, strict=False)
+        call.member = None
+
+    def _call_closed(self, rest: str) -> str:
+        if self._call.name is None:  # a JSON object, but no tool name in it
+            return self._malformed(rest)
+        self._end_call(counted=True)
+        self._mode, self._drop_leading_ws = "text", True
+        return rest
+
+    def _call_broke(self, rest: str) -> str:
+        """The body stopped being JSON at the first character of `rest`."""
+        call = self._call
+        if call.name is None:
+            return self._malformed(rest)
+        if call.member == "arguments":
+            call.broken_at = len(call.args_raw)
+            self._mode = "broken_args"
+            return rest
+        self._end_call(counted=True)
+        self._mode = "text"
+        return rest
+
+    def _malformed(self, rest: str) -> str:
+        self._text(self._call.opener + self._call.body)
+        self._call = None
+        self._mode = "raw"
+        return rest
+
+    def _end_call(self, *, counted: bool) -> None:
+        call = self._call
+        self._flush_arguments()
+        arguments = call.final()
+        if len(arguments) > call.sent:
+            self._events.append(ToolCallArgsDelta(call.index, arguments[call.sent:]))
+        self._events.append(ToolCallEnd(call.index, arguments))
+        self._completed += counted
+        self._call = None
+
+    def _flush_arguments(self) -> None:
+        call = self._call
+        if call is None or call.name is None:
+            return
+        streamable = call.streamable()
+        if len(streamable) > call.sent:
+            self._events.append(ToolCallArgsDelta(call.index, streamable[call.sent:]))
+            call.sent = len(streamable)
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def _scan(self, tags: tuple[str, ...], text: str) -> tuple[str, str | None, str]:
+        """Text up to the first tag, that tag (None: no tag yet, a possible partial tag held back), and the
+        unscanned rest after it."""
+        self._scanner.tags = tags
+        pieces = self._scanner.feed(text)
+        if not pieces:
+            return "", None, ""
+        first = pieces[0]
+        if first.tag is None:
+            return first.text, None, ""
+        rest = "".join(piece.text + (piece.tag or "") for piece in pieces[1:])
+        return first.text, first.tag, rest + "".join(piece.text for piece in self._scanner.flush())
+
+    def _text(self, text: str) -> None:
+        if self._drop_leading_ws:
+            text = text.lstrip(WHITESPACE)
+            self._drop_leading_ws = not text
+        if text:
+            self._events.append(TextDelta(text))
+            self._wrote_anything = True
+
+    def _reasoning(self, text: str) -> None:
+        if self._reasoning_fresh and text:
+            self._reasoning_fresh = False
+            text = text.removeprefix("\n")
+        if text:
+            self._events.append(ReasoningDelta(text))
+
+    def _take_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events

@@ -1,0 +1,90 @@
+"""Which dialect a model speaks, and why: decided from its tokenizer and chat template, overridable by config.
+
+    choice = choose_dialect(TokenizerFacts(added_tokens=..., chat_template=...), override=settings.dialect)
+    choice.dialect.name, choice.reason   # "deepseek-v4", "the tokenizer has `｜DSML｜` as one added token"
+
+Rules, first match wins (the facts are what distinguishes the families' vocabularies, not model names):
+1. an explicit override (`--dialect` / `ZLLM_DIALECT` / config `dialect`), unless it is "auto";
+2. `｜DSML｜` is one added token → DeepSeek V4 DSML;
+3. DeepSeek's `<｜Assistant｜>` added token → DeepSeek V3.2 DSML (markup spelled with ordinary tokens);
+4. GLM's `<arg_key>` added token → GLM-4.5 XML;
+5. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
+6. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zllm.dialects.base import Dialect
+from zllm.errors import ConfigError
+
+AUTO = "auto"
+
+# name → "module:Class", imported on first use (each dialect module is independent)
+_DIALECTS: dict[str, str] = {
+    "hermes": "zllm.dialects.hermes_json:HermesJson",
+    "qwen3": "zllm.dialects.hermes_json:Qwen3Hermes",
+    "glm45": "zllm.dialects.glm_xml:Glm45Xml",
+    "deepseek-v3.2": "zllm.dialects.deepseek_dsml:DeepSeekV32Dsml",
+    "deepseek-v4": "zllm.dialects.deepseek_dsml:DeepSeekV4Dsml",
+}
+NAMES: tuple[str, ...] = tuple(_DIALECTS)
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What the registry needs to know about a tokenizer (computed by prompt/, which may import tokenizers)."""
+
+    added_tokens: frozenset[str]
+    chat_template: str | None
+
+
+@dataclass(frozen=True)
+class DialectChoice:
+    dialect: Dialect
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.dialect.name
+
+
+def dialect_named(name: str) -> Dialect:
+    target = _DIALECTS.get(name)
+    if target is None:
+        raise ConfigError(f"unknown dialect {name!r}", hint=f"choose one of: {AUTO}, {', '.join(NAMES)}")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+_Rule = tuple[str, Callable[[TokenizerFacts], bool], str]
+_RULES: tuple[_Rule, ...] = (
+    ("deepseek-v4", lambda f: "｜DSML｜" in f.added_tokens, "the tokenizer has `｜DSML｜` as one added token"),
+    ("deepseek-v3.2", lambda f: "<｜Assistant｜>" in f.added_tokens,
+     "DeepSeek V3 vocabulary (`<｜Assistant｜>`); DSML markup spelled with ordinary tokens"),
+    ("glm45", lambda f: "<arg_key>" in f.added_tokens, "the tokenizer has GLM's `<arg_key>` tag"),
+    ("qwen3", lambda f: "<think>" in f.added_tokens and _template_reasons(f.chat_template),
+     "a `<think>` token and a chat template that reasons"),
+)
+
+
+def choose_dialect(facts: TokenizerFacts, override: str | None = None) -> DialectChoice:
+    if override and override != AUTO:
+        return DialectChoice(dialect_named(override), f"set by configuration (dialect = {override})")
+    for name, matches, reason in _RULES:
+        if matches(facts):
+            return DialectChoice(dialect_named(name), reason)
+    why = "the chat template renders tools itself" if _template_mentions_tools(facts.chat_template) else (
+        "the chat template ignores tools")
+    return DialectChoice(dialect_named("hermes"), f"default: Hermes JSON tool calls ({why})")
+
+
+def _template_reasons(template: str | None) -> bool:
+    return bool(template) and ("enable_thinking" in template or "<think>" in template)
+
+
+def _template_mentions_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in template

@@ -1,0 +1,58 @@
+"""Sampled token → canonical events: the text stage (output.py) followed by the dialect's stream parser.
+
+    token id ─▶ OutputProcessor (hide control tokens, detokenize, stop tokens/strings, budget) ─▶ text
+             ─▶ StreamParser.feed(text) ─▶ TextDelta / ReasoningDelta / ToolCallStart / ArgsDelta / End
+
+At the end the parser is finished (held text flushed, an open call closed) before the Finished event, and a
+turn that stopped naturally after complete tool calls finishes with TOOL_CALLS. Pure CPU, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zllm.canonical import Event, FinishReason, TextDelta, ToolCallEnd
+from zllm.dialects import StreamParser
+from zllm.runtime.output import Ending, OutputProcessor
+
+
+class PlainTextParser(StreamParser):
+    """For requests without a dialect parser: everything is text."""
+
+    def feed(self, text: str) -> list[Event]:
+        return [TextDelta(text)] if text else []
+
+    def finish(self) -> list[Event]:
+        return []
+
+    @property
+    def calls_completed(self) -> int:
+        return 0
+
+
+@dataclass
+class TurnOutput:
+    text_stage: OutputProcessor
+    parser: StreamParser
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.text_stage.completion_tokens
+
+    def accept(self, token_id: int) -> tuple[list[Event], Ending | None]:
+        text, ending = self.text_stage.accept(token_id)
+        events = self.parser.feed(text) if text else []
+        if ending is None:
+            return events, None
+        events += self.parser.finish()
+        if ending.reason is FinishReason.STOP and self.parser.calls_completed:
+            ending = Ending(FinishReason.TOOL_CALLS)
+        return events, ending
+
+    def close(self) -> list[Event]:
+        """The generation was cut off from outside (abort, loop guard): flush what the parser holds."""
+        return self.parser.finish()
+
+
+def completed_calls(events: list[Event]) -> list[ToolCallEnd]:
+    return [event for event in events if isinstance(event, ToolCallEnd)]
