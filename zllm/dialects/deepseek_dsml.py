@@ -43,6 +43,7 @@ class _DeepSeekDsml(Dialect):
     markup: ClassVar[tuple[str, ...]] = (THINK_OPEN, THINK_CLOSE, DSML)
     supports_thinking: ClassVar[bool] = True
     thinking_default: ClassVar[bool] = False
+    needs_chat_template: ClassVar[bool] = False
 
     def render(self, conversation: Conversation, template: ChatTemplate | None) -> str:
         # the family ships no usable chat template: the dialect writes the whole prompt

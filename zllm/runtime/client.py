@@ -18,7 +18,7 @@ from pathlib import Path
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard
 from zllm.config import Settings
-from zllm.dialects import Dialect
+from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import ModelRunner
@@ -34,6 +34,8 @@ from zllm.prompt import (
 )
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
+from zllm.runtime.fence import Fence, FenceCompiler
+from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.prefix import (
     build_prefix_cache,
     cache_config_from_settings,
@@ -92,6 +94,10 @@ class LocalEngineClient:
             getattr(loaded.model.generation_config, "eos_token_id", None),
             loaded.model.config.get_text_config().eos_token_id,
         ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
+        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=loaded.model.config.get_text_config().vocab_size,
+                                    stop_token_ids=self.stop_token_ids)
+        # checks the dialect's literals against this tokenizer now: a dialect it cannot satisfy fails at startup
+        self.markup = self.fences.markup_tokens(self.dialect)
         runner = ModelRunner(loaded.model)
         self.prefix_cache: PrefixCache | None = (
             build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
@@ -148,7 +154,7 @@ class LocalEngineClient:
     async def submit(self, request: ChatRequest) -> LocalRequestStream:
         self._check_model(request.model)
         self._check_queue()
-        prompt = await self._render(request)
+        prompt, fence = await asyncio.get_running_loop().run_in_executor(None, self._prepare, request)
         prompt_tokens = len(prompt.token_ids)
         room = self.context_length - prompt_tokens
         if room < 1:  # the prompt must leave room for at least one output token
@@ -172,6 +178,10 @@ class LocalEngineClient:
             notes=tuple(f"dropped per-session line: {line[:80]}" for line in prompt.dropped),
             parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                        new_call_id=new_tool_call_id),
+            fence=fence,
+            loop_guard=LoopGuard(),
+            dialect=self.dialect.name,
+            fence_label=fence_label(request) if fence is not None else "off",
         )
         stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
         self.engine.submit(engine_request)
@@ -197,8 +207,25 @@ class LocalEngineClient:
             raise Overloaded(f"{self.engine.waiting} requests are already waiting for the engine",
                              hint="retry shortly, or raise --max-queue")
 
+    def _prepare(self, request: ChatRequest) -> tuple[RenderedPrompt, Fence | None]:
+        """Render the prompt and compile the request's fence (off the event loop: both take milliseconds).
+        A grammar llguidance rejects (an unsupported schema) fails here, before anything streams."""
+        prompt = self.renderer.render(request)
+        spec = FenceSpec(tools=request.tools if request.tool_choice.mode != "none" or request.tools else (),
+                         choice=request.tool_choice, thinking=self.renderer.thinking(request),
+                         response_schema=request.response_format.schema if request.response_format else None)
+        grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
+        return prompt, (self.fences.compile(grammar) if grammar is not None else None)
+
     async def _render(self, request: ChatRequest) -> RenderedPrompt:
         return await asyncio.get_running_loop().run_in_executor(None, self.renderer.render, request)
+
+
+def fence_label(request: ChatRequest) -> str:
+    parts = [f"tools:{request.tool_choice.mode}"] if request.tools else []
+    if request.response_format is not None:
+        parts.append("json_schema")
+    return ",".join(parts) or "on"
 
 
 def _sampling_config(request: ChatRequest) -> SamplingConfig:

@@ -37,6 +37,8 @@ from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, Overloaded, ZllmError
 from zllm.kvcache import Lease, PrefixCache, request_namespace
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
+from zllm.runtime.fence import Fence
+from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.report import RequestReport
@@ -71,8 +73,13 @@ class EngineRequest:
     api: str = ""
     model: str = ""
     notes: tuple[str, ...] = ()
+    dialect: str = ""
+    fence_label: str = "off"  # what the fence constrains: "tools:auto", "json_schema", ...
     # the dialect's incremental parser for this generation (None: plain text); built by the client
     parser: StreamParser | None = None
+    # the token fence (None: unconstrained) and the loop guard; per-request state, owned by the engine thread
+    fence: Fence | None = None
+    loop_guard: LoopGuard | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -106,6 +113,7 @@ class ActiveRequest:
     looked_up_at: float | None = None  # the prefix cache answered (restore included)
     prefilled_at: float | None = None
     first_output_at: float | None = None
+    fence_events: list[str] = field(default_factory=list)  # notable fence / loop-guard events, for traces
 
     @property
     def cached_tokens(self) -> int:
@@ -281,18 +289,42 @@ class EngineLoop:
         """One decode round: sample, stream its text, run the next forward. Returns Finished at the end."""
         if active.request.aborted.is_set():
             return active.finished(FinishReason.ABORT)
+        request = active.request
+        if request.fence is not None:
+            request.fence.apply(active.logits)  # grammar-invalid tokens → -inf
+        if request.loop_guard is not None:
+            request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
         token = active.sampler(active.logits)  # [1, 1] on the device
         token_id = token.item()  # the one host sync per token
         active.generated.append(token_id)
+        if request.fence is not None:
+            request.fence.advance(token_id)
         events, ending = active.output.accept(token_id)
         if events and active.first_output_at is None:
             active.first_output_at = time.perf_counter()
         for event in events:
-            active.request.emit(event)
+            request.emit(event)
+        if ending is None and request.loop_guard is not None and self._loops(active, token_id, events):
+            for event in active.output.close():
+                request.emit(event)
+            return active.finished(FinishReason.REPETITION)
         if ending is not None:
             return active.finished(ending.reason, ending.stop_sequence)
         active.logits = self.runner.decode(token, active.cache)
         return None
+
+    @staticmethod
+    def _loops(active: ActiveRequest, token_id: int, events: list[Event]) -> bool:
+        """Feed the loop guard; True when it says the generation is stuck (and logs why)."""
+        guard = active.request.loop_guard
+        guard.observe(token_id)
+        for name, arguments in active.output.completed_calls(events):
+            guard.observe_call(name, arguments)
+        verdict = guard.verdict()
+        if verdict is not None:
+            active.fence_events.append(f"loop guard: {verdict.detail}")
+            log.info("%s stopped by the loop guard: %s", active.request.request_id, verdict.detail)
+        return verdict is not None
 
     def _output_processor(self, request: EngineRequest) -> TurnOutput:
         model_ids = self._model_stop_ids if request.use_model_stop_tokens else frozenset()
@@ -357,7 +389,9 @@ def request_report(phase: str, request: EngineRequest, active: ActiveRequest | N
         error=finished.error_message if finished is not None else None,
         near_miss=(f"near miss of {near.entry_id} at token {near.divergence}"
                    + (f" in {near.segment}" if near.segment else "")) if near is not None else None,
-        notes=request.notes, **timing)
+        notes=request.notes, dialect=request.dialect, fence=request.fence_label,
+        fence_events=tuple(active.fence_events) if active is not None else (),
+        tool_calls=tuple(active.output.call_names.values()) if active is not None else (), **timing)
 
 
 def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:

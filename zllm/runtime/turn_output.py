@@ -9,9 +9,9 @@ turn that stopped naturally after complete tool calls finishes with TOOL_CALLS. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from zllm.canonical import Event, FinishReason, TextDelta, ToolCallEnd
+from zllm.canonical import Event, FinishReason, TextDelta, ToolCallEnd, ToolCallStart
 from zllm.dialects import StreamParser
 from zllm.runtime.output import Ending, OutputProcessor
 
@@ -34,6 +34,7 @@ class PlainTextParser(StreamParser):
 class TurnOutput:
     text_stage: OutputProcessor
     parser: StreamParser
+    call_names: dict[int, str] = field(default_factory=dict)  # call index → tool name, from ToolCallStart
 
     @property
     def completion_tokens(self) -> int:
@@ -49,10 +50,16 @@ class TurnOutput:
             ending = Ending(FinishReason.TOOL_CALLS)
         return events, ending
 
+    def completed_calls(self, events: list[Event]) -> list[tuple[str, str]]:
+        """(name, arguments) of the calls `events` complete; remembers names as calls start."""
+        done = []
+        for event in events:
+            if isinstance(event, ToolCallStart):
+                self.call_names[event.index] = event.name
+            elif isinstance(event, ToolCallEnd):
+                done.append((self.call_names.get(event.index, ""), event.arguments))
+        return done
+
     def close(self) -> list[Event]:
         """The generation was cut off from outside (abort, loop guard): flush what the parser holds."""
         return self.parser.finish()
-
-
-def completed_calls(events: list[Event]) -> list[ToolCallEnd]:
-    return [event for event in events if isinstance(event, ToolCallEnd)]

@@ -101,6 +101,11 @@ def test_a_prompt_without_opener_is_a_prefix_of_the_next_turns_prompt() -> None:
         assert later.startswith(prompt + "check</think>\n\n<｜DSML｜")
 
 
+def test_the_dialects_write_the_prompt_without_a_template() -> None:
+    assert not V32.needs_chat_template and not V4.needs_chat_template
+    assert V4.single_token_markup == ("｜DSML｜",) and V32.single_token_markup == ()
+
+
 def test_prompt_special_tokens_encode_as_single_tokens() -> None:
     tokenizer = deepseek_v31_tokenizer()
     text = V32.render(Conversation((Message("user", "Hi"),), thinking=True), None)

@@ -1,0 +1,177 @@
+"""`zllm claude` / `zllm codex`: the printed settings (shell, JSON, TOML) and running the client with them — a
+fake `claude` / `codex` on PATH records the arguments and environment it was started with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tests.unit.inspect.tiny_store import TINY, TINY_WINDOW, linked_store
+from zllm.cli import clients
+
+# the verbs in a stand-alone app, as `zllm` registers them (a callback keeps the verb names)
+DRIVER = ("import typer; from zllm.cli import clients; app = typer.Typer(); app.callback()(lambda: None); "
+          "clients.register(app); app(prog_name='zllm')")
+FAKE_CLIENT = """#!{python}
+import json, os, sys
+with open(os.environ["RECORD_TO"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+sys.exit(7)
+"""
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    clients.register(app)
+    return app
+
+
+@pytest.fixture()
+def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    (tmp_path / "config.toml").write_text("")  # no user config file leaks in
+    env = {"ZLLM_DATA_DIR": str(tmp_path / "data"), "ZLLM_MODEL": "qwen3-8b", "ZLLM_PORT": "12345",
+           "ZLLM_CONTEXT_LENGTH": "8192", "ZLLM_HOST": "127.0.0.1", "ZLLM_CONFIG": str(tmp_path / "config.toml")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("ZLLM_API_KEY", raising=False)
+    return env
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli(), list(args))
+
+
+def test_claude_prints_an_environment_a_shell_can_eval(settings_env: dict[str, str]) -> None:
+    result = invoke("claude")
+    assert (result.exit_code, result.stderr) == (0, "")
+    shell = subprocess.run(["sh", "-c", result.stdout + '\nprintf "%s|" "$ANTHROPIC_BASE_URL" "$ANTHROPIC_AUTH_TOKEN" '
+                            '"$ANTHROPIC_MODEL" "$CLAUDE_CODE_MAX_CONTEXT_TOKENS" "$CLAUDE_CODE_MAX_OUTPUT_TOKENS" '
+                            '"${ANTHROPIC_API_KEY-unset}"'],
+                           env={**os.environ, "ANTHROPIC_API_KEY": "sk-real"}, capture_output=True, text=True,
+                           check=True)
+    assert shell.stdout == "http://127.0.0.1:12345|zllm|qwen3-8b|8192|1024|unset|"
+
+
+def test_claude_json(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZLLM_API_KEY", "secret-key")
+    monkeypatch.setenv("ZLLM_HOST", "0.0.0.0")  # a wildcard bind is dialled on loopback
+    data = json.loads(invoke("claude", "--json").stdout)
+    assert (data["base_url"], data["model"], data["context_length"]) == ("http://127.0.0.1:12345", "qwen3-8b", 8192)
+    assert data["env"]["ANTHROPIC_AUTH_TOKEN"] == "secret-key" and data["unset"] == ["ANTHROPIC_API_KEY"]
+    assert data["env"]["ANTHROPIC_SMALL_FAST_MODEL"] == "qwen3-8b"
+
+
+def test_the_window_comes_from_the_stored_model_when_no_length_is_set(settings_env: dict[str, str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    linked_store(Path(settings_env["ZLLM_DATA_DIR"]))
+    monkeypatch.setenv("ZLLM_MODEL", TINY)
+    monkeypatch.delenv("ZLLM_CONTEXT_LENGTH")
+    env = json.loads(invoke("claude", "--json").stdout)["env"]
+    assert (env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"], env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == (str(TINY_WINDOW), "1024")
+
+
+def test_an_unknown_window_is_left_out_with_a_warning(settings_env: dict[str, str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZLLM_CONTEXT_LENGTH")
+    result = invoke("claude", "--json")
+    assert result.exit_code == 0 and "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in json.loads(result.stdout)["env"]
+    assert "warning: the context window of qwen3-8b is unknown" in " ".join(result.stderr.split())
+    assert not Path(settings_env["ZLLM_DATA_DIR"]).exists()  # printing settings creates no store
+
+
+@pytest.mark.parametrize(("window", "budget"), [(8192, 1024), (32768, 4096), (1_000_000, 32000), (1024, 512)])
+def test_the_output_budget_fits_the_window(window: int, budget: int) -> None:
+    assert clients.output_budget(window) == budget
+
+
+def test_codex_toml_is_a_responses_provider(settings_env: dict[str, str]) -> None:
+    config = tomllib.loads(invoke("codex", "--toml").stdout)
+    assert config == {"model": "qwen3-8b", "model_provider": "zllm", "model_context_window": 8192,
+                      "model_providers": {"zllm": {"name": "zllm", "base_url": "http://127.0.0.1:12345/v1",
+                                                   "wire_api": "responses", "env_key": "ZLLM_API_KEY"}}}
+
+
+def test_codex_text_and_json_say_the_same(settings_env: dict[str, str]) -> None:
+    text = invoke("codex").stdout
+    data = json.loads(invoke("codex", "--json").stdout)
+    assert data["config"] == tomllib.loads(data["toml"]) and data["env"] == {"ZLLM_API_KEY": "zllm"}
+    overrides = data["overrides"]
+    assert overrides[0::2] == ["-c"] * (len(overrides) // 2)
+    parsed = {}
+    for pair in overrides[1::2]:  # each -c value is TOML, as codex reads it
+        key, _, value = pair.partition("=")
+        parsed[key] = tomllib.loads(f"v = {value}")["v"]
+    assert parsed["model_providers.zllm.wire_api"] == "responses" and parsed["model_context_window"] == 8192
+    assert "export ZLLM_API_KEY=zllm" in text.splitlines()
+    assert "#   wire_api = \"responses\"" in text.splitlines()
+
+
+@pytest.fixture()
+def fake_clients(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("claude", "codex"):
+        script = bin_dir / name
+        script.write_text(FAKE_CLIENT.format(python=sys.executable))
+        script.chmod(0o755)
+    return bin_dir
+
+
+def run_verb(settings_env: dict[str, str], path: str, *args: str, record: Path | None = None,
+             **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **settings_env, "PATH": path, "RECORD_TO": str(record or "/dev/null"), **extra}
+    return subprocess.run([sys.executable, "-c", DRIVER, *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_claude_runs_with_the_environment(settings_env: dict[str, str], fake_clients: Path, tmp_path: Path) -> None:
+    record = tmp_path / "claude.json"
+    result = run_verb(settings_env, f"{fake_clients}:/usr/bin:/bin", "claude", "--", "-p", "say hi", "--bare",
+                      record=record, ANTHROPIC_API_KEY="sk-real", KEEP_ME="1")
+    assert result.returncode == 7, result.stderr  # the client's own exit code: zllm exec'd it
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == ["-p", "say hi", "--bare"]
+    env = seen["env"]
+    assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_AUTH_TOKEN"], env["ANTHROPIC_MODEL"]) == (
+        "http://127.0.0.1:12345", "zllm", "qwen3-8b")
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["KEEP_ME"] == "1"
+    assert "ANTHROPIC_API_KEY" not in env
+
+
+def test_codex_runs_with_config_overrides(settings_env: dict[str, str], fake_clients: Path, tmp_path: Path) -> None:
+    record = tmp_path / "codex.json"
+    result = run_verb(settings_env, f"{fake_clients}:/usr/bin:/bin", "codex", "--", "exec", "say hi", record=record)
+    assert result.returncode == 7, result.stderr
+    seen = json.loads(record.read_text())
+    assert seen["argv"][-2:] == ["exec", "say hi"]
+    assert seen["argv"][:-2] == clients.codex_overrides(clients.served_endpoint(clients.load_settings(settings_env)))
+    assert 'model_providers.zllm.wire_api="responses"' in seen["argv"]
+    assert seen["env"]["ZLLM_API_KEY"] == "zllm"
+
+
+def test_a_missing_client_is_an_error_with_an_install_hint(settings_env: dict[str, str], tmp_path: Path) -> None:
+    result = run_verb(settings_env, str(tmp_path), "codex", "--", "exec", "hi")
+    stderr = " ".join(result.stderr.split())
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "error: `codex` is not on PATH" in stderr and "hint: install Codex" in stderr
+
+
+def test_print_flags_do_not_go_with_client_arguments(settings_env: dict[str, str]) -> None:
+    result = invoke("claude", "--json", "--", "-p", "hi")
+    assert result.exit_code == 1 and "error: --json and --toml print the settings" in " ".join(result.stderr.split())
+
+
+def test_a_bad_setting_is_an_error_not_a_traceback(settings_env: dict[str, str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZLLM_PORT", "not-a-port")
+    result = invoke("codex")
+    assert (result.exit_code, result.stdout) == (1, "") and "error: ZLLM_PORT" in result.stderr

@@ -1,0 +1,246 @@
+"""`zllm claude` / `zllm codex`: point Claude Code or Codex at the daemon — print the settings, or run the
+client with them (CLIENTS.md has what each client needs).
+
+    $ zllm claude                              # shell-evalable: eval "$(zllm claude)"
+    export ANTHROPIC_BASE_URL=http://127.0.0.1:11435
+    export ANTHROPIC_AUTH_TOKEN=zllm
+    export ANTHROPIC_MODEL=smollm2
+    export CLAUDE_CODE_MAX_CONTEXT_TOKENS=8192
+    export CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024
+    unset ANTHROPIC_API_KEY
+    $ zllm claude -- -p "say hi" --bare        # exec claude with that environment
+
+    $ zllm codex                               # export ZLLM_API_KEY=… plus the config as comments
+    $ zllm codex --toml >> ~/.codex/config.toml
+    $ zllm codex -- exec "say hi"              # exec codex -c model_provider="zllm" -c … exec "say hi"
+
+Codex speaks only the Responses API (`wire_api = "responses"`, base URL with `/v1`); Claude Code appends
+`/v1/messages` itself (base URL without `/v1`). The context window tells each client when to compact.
+Where the daemon is comes from the settings (flags of `serve`, ZLLM_* variables, the config file) and the
+model's manifest; `served_endpoint(ask_daemon=…)` is the seam for asking a running daemon instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import typer
+from rich.markup import escape
+
+from zllm.cli.output import err, fail, fail_with, print_json
+from zllm.config import Settings, load_settings
+from zllm.errors import ZllmError
+
+# any non-empty key works when the daemon has none; clients refuse to start without one
+PLACEHOLDER_KEY = "zllm"
+CODEX_PROVIDER = "zllm"
+CODEX_KEY_ENV = "ZLLM_API_KEY"
+# a real Anthropic key in the environment would be sent to the local daemon next to ours
+CLAUDE_UNSET = ("ANTHROPIC_API_KEY",)
+INSTALL_HINTS = {
+    "claude": "install Claude Code (npm install -g @anthropic-ai/claude-code), or print the settings: zllm claude",
+    "codex": "install Codex (npm install -g @openai/codex), or print the settings: zllm codex",
+}
+
+
+@dataclass(frozen=True)
+class ServedEndpoint:
+    host: str  # as a client should dial it (a wildcard bind becomes loopback)
+    port: int
+    model: str
+    context_length: int | None  # None: unknown (the model is not pulled and no --context-length is set)
+    api_key: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("claude")(claude)
+    app.command("codex")(codex)
+
+
+def served_endpoint(settings: Settings, ask_daemon: Callable[[Settings], ServedEndpoint | None] | None = None,
+                    ) -> ServedEndpoint:
+    """Where the clients should point. `ask_daemon`: a running daemon's own answer, preferred when it has one."""
+    found = ask_daemon(settings) if ask_daemon else None
+    if found:
+        return found
+    return ServedEndpoint(host=_dial_host(settings.host), port=settings.port, model=settings.model,
+                          context_length=settings.context_length or _stored_window(settings),
+                          api_key=settings.api_key or PLACEHOLDER_KEY)
+
+
+def claude_env(ep: ServedEndpoint) -> dict[str, str]:
+    env = {
+        "ANTHROPIC_BASE_URL": ep.base_url,
+        # Bearer auth: Claude Code asks no "use this API key?" question for it
+        "ANTHROPIC_AUTH_TOKEN": ep.api_key,
+        "ANTHROPIC_MODEL": ep.model,
+        # background calls (titles, summaries) ask for a small model by its Anthropic name: the same one here
+        "ANTHROPIC_SMALL_FAST_MODEL": ep.model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": ep.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": ep.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": ep.model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    if ep.context_length:
+        env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(ep.context_length)
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(output_budget(ep.context_length))
+    return env
+
+
+def output_budget(context_length: int) -> int:
+    """Tokens Claude Code should reserve for an answer: an eighth of the window (1024 of 8192), at least 1024
+    or half a small window, at most the 32000 it asks for by default."""
+    return min(32000, max(context_length // 8, min(1024, context_length // 2)))
+
+
+def codex_config(ep: ServedEndpoint) -> tuple[dict[str, object], dict[str, str]]:
+    """(top-level settings, the `[model_providers.zllm]` table) for ~/.codex/config.toml."""
+    top: dict[str, object] = {"model": ep.model, "model_provider": CODEX_PROVIDER}
+    if ep.context_length:
+        top["model_context_window"] = ep.context_length
+    provider = {"name": CODEX_PROVIDER, "base_url": f"{ep.base_url}/v1", "wire_api": "responses",
+                "env_key": CODEX_KEY_ENV}
+    return top, provider
+
+
+def codex_toml(ep: ServedEndpoint) -> str:
+    top, provider = codex_config(ep)
+    lines = [f"{key} = {_toml(value)}" for key, value in top.items()]
+    lines += ["", f"[model_providers.{CODEX_PROVIDER}]"]
+    lines += [f"{key} = {_toml(value)}" for key, value in provider.items()]
+    return "\n".join(lines) + "\n"
+
+
+def codex_overrides(ep: ServedEndpoint) -> list[str]:
+    """The same config as `codex -c key=value` arguments (values are TOML)."""
+    top, provider = codex_config(ep)
+    pairs = [*top.items(), *((f"model_providers.{CODEX_PROVIDER}.{k}", v) for k, v in provider.items())]
+    return [arg for key, value in pairs for arg in ("-c", f"{key}={_toml(value)}")]
+
+
+def claude(
+    as_json: bool = typer.Option(False, "--json", help="Print the settings as one JSON object."),
+    args: list[str] = typer.Argument(None, help="Run claude with these arguments (after `--`) instead of printing."),
+) -> None:
+    """Print the environment that points Claude Code at zllm, or run `claude -- ARGS` with it."""
+    ep = _endpoint()
+    env = claude_env(ep)
+    if args:
+        _refuse_print_flags(as_json, "claude")
+        _exec("claude", args, env, unset=CLAUDE_UNSET)
+    _warn_unknown_window(ep)
+    if as_json:
+        print_json({"client": "claude", **_describe(ep), "env": env, "unset": list(CLAUDE_UNSET)})
+        return
+    lines = [f"# Claude Code → zllm at {ep.base_url} ({_model_note(ep)})",
+             *(f"export {key}={shlex.quote(value)}" for key, value in env.items()),
+             *(f"unset {key}" for key in CLAUDE_UNSET),
+             '# use: eval "$(zllm claude)" && claude   or   zllm claude -- -p "say hi"']
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def codex(
+    as_json: bool = typer.Option(False, "--json", help="Print the settings as one JSON object."),
+    toml: bool = typer.Option(False, "--toml", help="Print only the ~/.codex/config.toml snippet."),
+    args: list[str] = typer.Argument(None, help="Run codex with these arguments (after `--`) instead of printing."),
+) -> None:
+    """Print the config that points Codex at zllm, or run `codex -- ARGS` with it (as -c overrides)."""
+    ep = _endpoint()
+    env = {CODEX_KEY_ENV: ep.api_key}
+    if args:
+        _refuse_print_flags(as_json or toml, "codex")
+        _exec("codex", [*codex_overrides(ep), *args], env)
+    _warn_unknown_window(ep)
+    if toml:
+        sys.stdout.write(codex_toml(ep))
+        return
+    if as_json:
+        top, provider = codex_config(ep)
+        print_json({"client": "codex", **_describe(ep), "env": env, "config": {**top, "model_providers": {
+            CODEX_PROVIDER: provider}}, "overrides": codex_overrides(ep), "toml": codex_toml(ep)})
+        return
+    lines = [f"# Codex → zllm at {ep.base_url}/v1 ({_model_note(ep)})",
+             f"export {CODEX_KEY_ENV}={shlex.quote(ep.api_key)}",
+             "# add to ~/.codex/config.toml (or: zllm codex --toml >> ~/.codex/config.toml):",
+             *(f"#   {line}" if line else "#" for line in codex_toml(ep).splitlines()),
+             "# or pass it per run:  codex " + " ".join(shlex.quote(arg) for arg in codex_overrides(ep)),
+             '# or let zllm do that:  zllm codex -- exec "say hi"']
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _endpoint() -> ServedEndpoint:
+    try:
+        return served_endpoint(load_settings())
+    except ZllmError as exc:
+        fail_with(exc)
+
+
+def _exec(program: str, args: list[str], env_updates: dict[str, str], unset: tuple[str, ...] = ()) -> None:
+    path = shutil.which(program)
+    if path is None:
+        fail(f"`{program}` is not on PATH", hint=INSTALL_HINTS[program])
+    env = {key: value for key, value in os.environ.items() if key not in unset}
+    env.update(env_updates)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(path, [program, *args], env)  # replaces this process: the client owns the terminal
+    except OSError as exc:
+        fail(f"cannot run {path}: {exc.strerror}", hint=INSTALL_HINTS[program])
+
+
+def _refuse_print_flags(given: bool, program: str) -> None:
+    if given:
+        fail(f"--json and --toml print the settings; they do not go with arguments for {program}",
+             hint=f"drop them to run {program}, or drop the arguments to print")
+
+
+def _warn_unknown_window(ep: ServedEndpoint) -> None:
+    if not ep.context_length:
+        err.print(f"[yellow]warning[/]: the context window of {escape(ep.model)} is unknown (not pulled yet), so the "
+                  "client is not told when to compact; pull it or set ZLLM_CONTEXT_LENGTH")
+
+
+def _describe(ep: ServedEndpoint) -> dict[str, object]:
+    return {"base_url": ep.base_url, "model": ep.model, "context_length": ep.context_length}
+
+
+def _model_note(ep: ServedEndpoint) -> str:
+    window = f", {ep.context_length}-token window" if ep.context_length else ", window unknown"
+    return f"model {ep.model}{window}"
+
+
+def _stored_window(settings: Settings) -> int | None:
+    """The model's own window from its manifest (what the daemon serves when no context_length is set)."""
+    if not settings.models_dir.is_dir():
+        return None  # nothing pulled yet: do not create the store just to look
+    from zllm.models import ModelStore
+
+    try:
+        return ModelStore(settings.models_dir).get(settings.model).manifest.context_length
+    except (ZllmError, OSError):
+        return None
+
+
+def _dial_host(host: str) -> str:
+    """How a client on this machine reaches a daemon bound to `host`."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _toml(value: object) -> str:
+    # a JSON string is a valid TOML basic string (same quotes and escapes); ints are the same in both
+    return json.dumps(value) if isinstance(value, str) else str(value)
