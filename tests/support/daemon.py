@@ -1,8 +1,14 @@
-"""A real `zllm serve` process on a real port, for integration tests (no mocks between SDK and engine)."""
+"""Real daemons for integration tests (no mocks between SDK and engine).
+
+`Daemon`: a `zllm serve` process in the foreground on a real port, its stderr in a file.
+`CliEnv`: an isolated environment (data, state, cache, runtime dirs, config file, port) for driving the real
+`zllm` CLI — `zllm start` and friends — in subprocesses or under pexpect.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +17,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from zllm.control.client import ControlClient
+from zllm.control.pidfile import wait_until_released
 
 
 def free_port() -> int:
@@ -33,6 +42,8 @@ class Daemon:
             "ZLLM_DATA_DIR": str(data_dir),
             "ZLLM_STATE_DIR": str(self.scratch / "state"),
             "ZLLM_CACHE_DIR": str(self.scratch / "cache"),
+            # the control socket and pid file: never the user's (and short enough for a unix socket path)
+            "ZLLM_RUNTIME_DIR": str(self.scratch / "run"),
             "ZLLM_THREADS": "1",
             **(env or {}),
         }
@@ -43,6 +54,13 @@ class Daemon:
 
     def log(self) -> str:
         return Path(self._log.name).read_text()
+
+    @property
+    def control_socket(self) -> Path:
+        return self.scratch / "run" / "zllm.sock"
+
+    def control(self, timeout: float = 10.0) -> ControlClient:
+        return ControlClient(self.control_socket, timeout=timeout)
 
     def wait_ready(self, timeout: float = 120.0) -> "Daemon":
         deadline = time.monotonic() + timeout
@@ -66,3 +84,72 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+class CliEnv:
+    """Everything `zllm` reads, pointed at fresh temp dirs: the user's store, config and daemon stay untouched."""
+
+    def __init__(self, data_dir: Path, **extra: str):
+        self.root = Path(tempfile.mkdtemp(prefix="zllm-cli-"))  # short: the socket path must fit sun_path
+        self.port = free_port()
+        self.config_file = self.root / "config.toml"
+        self.config_file.write_text("")
+        self.env = {
+            **os.environ,
+            "ZLLM_DATA_DIR": str(data_dir),
+            "ZLLM_STATE_DIR": str(self.root / "state"),
+            "ZLLM_CACHE_DIR": str(self.root / "cache"),
+            "ZLLM_RUNTIME_DIR": str(self.root / "run"),
+            "ZLLM_CONFIG": str(self.config_file),
+            "ZLLM_PORT": str(self.port),
+            "ZLLM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "NO_COLOR": "1",
+            "COLUMNS": "200",  # rich wraps long error lines at the console width; tests match whole lines
+            **extra,
+        }
+        self.env.pop("ZLLM_API_KEY", None)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "run" / "zllm.pid"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.root / "run" / "zllm.sock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "state" / "zllm.log"
+
+    def control(self, timeout: float = 10.0) -> ControlClient:
+        return ControlClient(self.control_socket, timeout=timeout)
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "zllm", *args]
+
+    def run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """`zllm ARGS` to completion, stdout and stderr captured apart (stdout is data, stderr is for people)."""
+        return subprocess.run(self.command(*args), env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def daemon_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        self.kill_daemon()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def kill_daemon(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Best effort, for teardown: the daemon is not our child (it runs in its own session)."""
+        pid = self.daemon_pid()
+        if pid is None:
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        wait_until_released(self.pid_file, timeout)  # its lock, not its pid: a zombie still has a pid

