@@ -27,6 +27,15 @@ FORBIDDEN = {
     "models": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.daemon"},
     "store": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
               "zllm.models", "zllm.cli", "zllm.daemon"},
+    # the control socket (client and server) works on injected objects: the CLI imports its client, so it
+    # must stay free of tensors, tokenizers and every layer of the daemon
+    "control": {"torch", "transformers", "tokenizers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine",
+                "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.models", "zllm.store", "zllm.inspect",
+                "zllm.cli", "zllm.daemon"},
+    # the CLI talks to a daemon through zllm.control's client; it may read config, the model store and run
+    # the offline zllm.inspect analyses; `zllm serve` goes through zllm.daemon, never a layer of it
+    "cli": {"torch", "transformers", "tokenizers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine",
+            "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.store"},
 }
 
 

@@ -57,6 +57,7 @@ from zllm.dialects.dsml_format import (
     schema_says_string,
 )
 from zllm.dialects.dsml_render import DsmlFamily
+from zllm.dialects.string_values import raw_string_terminal
 
 # text that cannot contain DSML markup (either marker spelling) or a think tag; a value only avoids DSML
 PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*)(?:[|｜]DSML[|｜]|<\/?think>)(?s:.*)/"
@@ -84,6 +85,7 @@ class _Builder:
         self.rules: dict[str, str] = {}
         self.terminals: dict[tuple[str, str], str] = {}  # (text terminal, literal it runs up to) → name
         self.subgrammars: list[dict] = []
+        self.bounded: dict[str, str] = {}  # constrained string value terminals: name → definition
 
     def text(self) -> str:
         # top-down: the shape first, then tools in order, then the terminals
@@ -92,7 +94,7 @@ class _Builder:
         rules = [f"{name}: {self.rules[name]}" for name in names]
         used = " ".join(rules + ends)
         bases = [t for t in (PLAIN, VALUE, PARAM_NAME) if re.search(rf"\b{t.split(':')[0]}\b", used)]
-        lark = "\n".join(["%llguidance {}", *rules, *ends, *bases]) + "\n"
+        lark = "\n".join(["%llguidance {}", *rules, *ends, *bases, *self.bounded.values()]) + "\n"
         if not self.subgrammars:
             return lark
         return json.dumps({"grammars": [{"name": "dsml", "lark_grammar": lark}, *self.subgrammars]})
@@ -214,6 +216,11 @@ class _Builder:
         if choices and all(isinstance(c, str) for c in choices):
             # each choice fused with the closer, so "a" and "ab" are never a prefix pair
             return "(" + " | ".join(f"({self.spell(c + self.tags.param_close)})" for c in choices) + ")"
+        bounded = raw_string_terminal(schema)
+        if bounded is not None:  # minLength / maxLength / pattern: a value terminal of its own
+            name = f"VALUE_{len(self.bounded)}"
+            self.bounded.setdefault(name, f"{name}: {bounded} & {VALUE.split(': ', 1)[1]}")
+            return self.until(name, self.tags.param_close)
         return self.until("VALUE", self.tags.param_close)
 
     def _any_param(self, n: int) -> str:

@@ -28,6 +28,7 @@ from zllm.dialects.base import (
     FenceSpec,
     MarkupTokens,
 )
+from zllm.dialects.string_values import min_length, raw_string_terminal
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -172,8 +173,21 @@ def _typed_value(lark: _LarkWriter, tool: FunctionTool, schema: dict) -> str:
         choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if choices:
             return f"({' | '.join(lark.lits(c) for c in choices if isinstance(c, str))}) {closer}"
+        bounded = raw_string_terminal(schema)
+        if bounded is not None:
+            return _bounded_value(lark, bounded, min_length(schema))
         return lark.text_until(VALUE_CLOSE)
     return f"%json {json.dumps(_json_schema(tool, schema), ensure_ascii=False)} {closer}"
+
+
+def _bounded_value(lark: _LarkWriter, bounded: str, low: int) -> str:
+    """A raw string under minLength / maxLength / pattern (string_values.py), markup-free, then the closer."""
+    index = len(lark._lines)
+    if lark.markup.is_single(VALUE_CLOSE):
+        name = lark.terminal(f"STRING_{index}", f"{bounded} & {_free_text(nonempty=True)}")
+        return f"{name}{'' if low else '?'} {lark.markup.lark(VALUE_CLOSE)}"
+    name = lark.terminal(f"STRING_ANY_{index}", f"{bounded} & {_free_text(nonempty=False)}")
+    return lark.rule(f"until_string_{index}", f"{name} {lark.markup.lark(VALUE_CLOSE)}", lazy=True)
 
 
 def _json_schema(tool: FunctionTool, schema: dict) -> dict:

@@ -25,20 +25,43 @@ def test_bash_completion_offers_the_verbs() -> None:
     env = {**os.environ, "COMP_WORDS": "zllm ", "COMP_CWORD": "1", "_ZLLM_COMPLETE": "complete_bash"}
     result = subprocess.run([sys.executable, "-m", "zllm"], env=env, capture_output=True, text=True, timeout=60)
     offered = set(result.stdout.split())
-    assert {"serve", "pull", "ls", "rm"} <= offered
+    assert {"serve", "start", "stop", "status", "pull", "ls", "rm", "ps", "cache", "trace", "config"} <= offered
 
 
-def test_man_page_documents_every_verb() -> None:
-    page = (ROOT / "man" / "zllm.1").read_text()
-    verbs = [command.name or command.callback.__name__ for command in app.registered_commands]
-    assert verbs and all(f".B {verb}" in page or f".BI {verb} " in page for verb in verbs)
-
-
-def test_man_page_documents_every_serve_flag() -> None:
+def all_commands(command=None, path: tuple[str, ...] = ()):
+    """(path, click command) for every leaf command: ("serve",), ..., ("cache", "prune")."""
     import typer.main
 
-    page = (ROOT / "man" / "zllm.1").read_text().replace("\\-", "-")
-    serve = typer.main.get_command(app).commands["serve"]
-    flags = [opt for param in serve.params for opt in (*param.opts, *param.secondary_opts) if opt.startswith("--")]
-    missing = [flag for flag in flags if flag != "--help" and flag not in page]
-    assert flags and not missing, f"undocumented in man/zllm.1: {missing}"
+    command = command or typer.main.get_command(app)
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from all_commands(sub, (*path, name))
+    else:
+        yield path, command
+
+
+def man_page() -> str:
+    return (ROOT / "man" / "zllm.1").read_text().replace("\\-", "-")
+
+
+def test_man_page_documents_every_command() -> None:
+    page = man_page()
+    names = [" ".join(path) for path, _ in all_commands()]
+    assert {"serve", "start", "stop", "status", "logs", "ps", "trace", "config", "cache prune"} <= set(names)
+    missing = [name for name in names if f".B {name}\n" not in page and f".BI {name} " not in page]
+    assert not missing, f"commands without an entry in man/zllm.1: {missing}"
+
+
+def test_man_page_documents_every_option() -> None:
+    page = man_page()
+    missing = [f"{' '.join(path)} {flag}" for path, command in all_commands()
+               for param in command.params for flag in (*param.opts, *param.secondary_opts)
+               if flag.startswith("--") and flag != "--help" and flag not in page]
+    assert not missing, f"undocumented in man/zllm.1: {missing}"
+
+
+def test_help_documents_the_exit_codes() -> None:
+    result = subprocess.run([sys.executable, "-m", "zllm", "--help"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.returncode == 0
+    assert "Exit status: 0 ok, 1 a failure you can fix" in result.stdout and "3 no daemon answers" in result.stdout

@@ -1,0 +1,188 @@
+"""`zllm cache ls / stats / prune / explain-miss`: the daemon's prefix cache, inspected and trimmed.
+
+    $ zllm cache ls
+    ID                TIER     NAMESPACE   TOKENS   SIZE     AGE     HITS
+    chatcmpl-5f1c…    device   3f2a91c0    1,204    4.1 MB   2m10s   3
+    $ zllm cache prune --older-than 2d --tier ssd --dry-run
+    $ zllm cache explain-miss                       # the latest near miss, explained
+    $ zllm cache explain-miss --between a.json b.json   # two request files, offline (no daemon)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from zllm.cli.connect import EXIT_USER, connect, daemon_errors
+from zllm.cli.explain_view import print_explanation, print_near_miss
+from zllm.cli.output import err, fail, fail_with, out, print_json
+from zllm.cli.table import write_fields, write_table
+from zllm.cli.units import (
+    human_duration,
+    human_size,
+    parse_duration,
+    parse_size,
+    percent,
+)
+from zllm.control.protocol import CacheEntry
+from zllm.errors import ZllmError
+
+cache_app = typer.Typer(name="cache", help="Inspect and trim the daemon's prefix cache.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def ls(as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON.")) -> None:
+    """List cached entries of both tiers (device, SSD): id, namespace, tokens, bytes, tier, age, hits."""
+    with daemon_errors():
+        entries = connect().cache_ls()
+    if as_json:
+        print_json([e.to_json() for e in entries])
+        return
+    if not entries:
+        err.print("the prefix cache is empty")
+        return
+    write_table(("ID", "TIER", "NAMESPACE", "TOKENS", "SIZE", "AGE", "HITS"), [_row(e) for e in entries])
+
+
+def _row(e: CacheEntry, now: float | None = None) -> tuple[str, ...]:
+    age = (now or time.time()) - e.created
+    return (e.id, e.tier, e.namespace[:8], f"{e.tokens:,}", human_size(e.bytes), human_duration(age), str(e.hits))
+
+
+@cache_app.command("stats")
+def stats(as_json: bool = typer.Option(False, "--json", help="Print the counters as JSON.")) -> None:
+    """Fill levels, hit rates by tier, bytes."""
+    with daemon_errors():
+        data = connect().cache_stats()
+    if as_json:
+        print_json(data)
+        return
+    if not data.get("enabled"):
+        err.print("the prefix cache is off (ZLLM_CACHE_ROUNDS=0)")
+        return
+    write_fields(_stats_lines(data))
+
+
+def _stats_lines(d: dict) -> list[tuple[str, str]]:
+    requests = d.get("requests", 0)
+    lines = [
+        ("device tier", f"{human_size(d.get('device_bytes', 0))} of {human_size(d.get('device_budget_bytes', 0))} "
+                        f"({percent(d.get('device_fill'))}), {d.get('entries', 0)} entries in "
+                        f"{d.get('namespaces', 0)} namespaces, {human_size(d.get('pool_bytes', 0))} working buffers"),
+    ]
+    if "ssd_bytes" in d:
+        lines.append(("ssd tier", f"{human_size(d['ssd_bytes'])} of {human_size(d.get('ssd_budget_bytes', 0))} "
+                                  f"({percent(d.get('ssd_fill'))}), {d.get('ssd_snapshots', 0)} snapshots"))
+    else:
+        lines.append(("ssd tier", "off"))
+    cold = requests - d.get("device_hits", 0) - d.get("ssd_hits", 0)
+    lines += [
+        ("requests", f"{requests}: {d.get('device_hits', 0)} device hits ({percent(d.get('device_hit_rate'))}), "
+                     f"{d.get('ssd_hits', 0)} ssd hits ({percent(d.get('ssd_hit_rate'))}), {cold} cold"),
+        ("tokens", f"{d.get('prompt_tokens', 0):,} prompt, {d.get('cached_tokens', 0):,} cached "
+                   f"({percent(d.get('token_hit_rate'))})"),
+        ("near misses", str(d.get("near_misses", 0))),
+    ]
+    return lines
+
+
+@cache_app.command("prune")
+def prune(
+    older_than: str = typer.Option(None, "--older-than", help="Entries older than this (30m, 2h, 7d)."),
+    max_size: str = typer.Option(None, "--max-size", help="Trim each tier down to this size (500MB, 2GiB)."),
+    tier: str = typer.Option("all", "--tier", help="device, ssd or all."),
+    namespace: str = typer.Option(None, "--namespace", help="Only this namespace (a prefix as `cache ls` shows)."),
+    everything: bool = typer.Option(False, "--all", help="Everything in the chosen tier(s)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; remove nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+) -> None:
+    """Remove cached entries by age, size, tier or namespace."""
+    try:
+        older_than_s = 0.0 if everything else (parse_duration(older_than) if older_than else None)
+        max_bytes = parse_size(max_size) if max_size else None
+    except ZllmError as exc:
+        fail_with(exc)
+    if tier not in ("device", "ssd", "all"):
+        fail(f"--tier must be device, ssd or all, not {tier!r}", code=EXIT_USER)
+    if older_than_s is None and max_bytes is None and namespace is None:
+        fail("nothing to prune by", hint="give --older-than, --max-size, --namespace or --all", code=EXIT_USER)
+    with daemon_errors():
+        report = connect().cache_prune(older_than_s=older_than_s, max_bytes=max_bytes, tier=tier,
+                                       namespace=namespace, dry_run=dry_run)
+    if as_json:
+        print_json(report.to_json())
+        return
+    removed = [CacheEntry.from_json(e) for e in report.removed]
+    if removed:
+        write_table(("ID", "TIER", "NAMESPACE", "TOKENS", "SIZE", "AGE", "HITS"), [_row(e) for e in removed])
+    verb = "would remove" if dry_run else "removed"
+    err.print(f"{verb} {len(removed)} entries, {human_size(report.freed_bytes)}"
+              + (" (estimate)" if dry_run and max_bytes is not None else ""))
+
+
+@cache_app.command("explain-miss")
+def explain_miss(
+    request_id: str = typer.Argument(None, help="A request id (as `zllm trace` shows it); default: the latest miss."),
+    between: tuple[Path, Path] = typer.Option(None, "--between", metavar="A.json B.json",
+                                              help="Compare two request files offline (no daemon needed)."),
+    model: str = typer.Option(None, "--model", "-m", help="With --between: the model whose template renders them."),
+    as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
+) -> None:
+    """Explain why a request missed the prefix cache: where the token streams diverged, and the likely cause."""
+    if between:
+        if request_id is not None:
+            fail("give a REQUEST_ID or --between, not both", code=EXIT_USER)
+        _explain_files(between[0], between[1], model, as_json)
+        return
+    with daemon_errors():
+        answer = connect().explain(request_id)
+    if as_json:
+        print_json(answer)
+        return
+    if answer.get("request_id"):
+        out.print(f"request {answer['request_id']}", markup=False, highlight=False, soft_wrap=True)
+    if not _print_explanation_json(answer.get("explanation")):
+        print_near_miss(answer["near_miss"])
+
+
+def _print_explanation_json(data: dict | None) -> bool:
+    """The daemon's explanation, shown exactly as `--between` shows one; False if it cannot be read back
+    (none given, or a daemon of another version named a cause this CLI does not know)."""
+    if data is None:
+        return False
+    import dataclasses
+
+    from zllm.inspect.causes import Cause
+    from zllm.inspect.display import format_explanation
+    from zllm.inspect.explain_miss import MissExplanation
+
+    known = {f.name for f in dataclasses.fields(MissExplanation)} - {"cause"}
+    try:
+        explanation = MissExplanation(cause=Cause(data["cause"]), **{k: v for k, v in data.items() if k in known})
+    except (KeyError, TypeError, ValueError):
+        print_explanation(data)
+        return True
+    out.print(format_explanation(explanation), end="", soft_wrap=True)  # data: never wrapped at 80 columns
+    return True
+
+
+def _explain_files(a: Path, b: Path, model: str | None, as_json: bool) -> None:
+    from zllm.inspect.display import format_explanation
+    from zllm.inspect.explain_miss import (
+        explain_between_files,  # loads a tokenizer: only on this path
+    )
+
+    try:
+        result = explain_between_files(a, b, model=model)  # None: the configured model
+    except ZllmError as exc:
+        fail_with(exc)
+    if as_json:
+        print_json(result.to_json())
+        return
+    out.print(format_explanation(result), end="", soft_wrap=True)

@@ -1,0 +1,161 @@
+"""The daemon's control methods (protocol.py lists the wire format), over objects the daemon injects.
+
+    control = ControlMethods(facts, trace=hub, logs=log_hub.ring, request_shutdown=stop.set, explain=fn)
+    server = ControlServer(path, version=..., methods=control.methods(), streams=control.streams())
+    control.attach(engine, model_info)    # once the model is loaded: phase "loading" → "ready"
+
+    status            → DaemonStatus
+    ps                → {"models": [LoadedModelInfo]}        (empty while loading)
+    cache.*           → cache_methods.py
+    cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
+    trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items
+    logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
+    shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
+
+No torch and no runtime imports: the engine (`LocalEngineClient`), its prefix cache and the trace hub are
+used through the attributes they have, so this layer can be tested with plain fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from zllm.control import cache_methods
+from zllm.control.params import bool_param, int_param, str_param
+from zllm.control.protocol import NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+
+
+@dataclass(frozen=True)
+class DaemonFacts:
+    """What the daemon knows about itself before the model loads."""
+
+    version: str
+    pid: int
+    started_at: float
+    model: str
+    http_url: str
+    host: str
+    port: int
+    socket: str
+    data_dir: str
+    log_file: str
+    max_queue: int
+
+
+class ControlMethods:
+    def __init__(self, facts: DaemonFacts, *, trace, logs, request_shutdown: Callable[[], None],
+                 explain: Callable[[Any], Any] | None = None):
+        """`trace`: a TraceHub; `logs`: a BroadcastRing of log lines; `explain(near_miss) -> obj with
+        .to_json()` (zllm.inspect.explain_miss), None when unavailable."""
+        self.facts = facts
+        self.phase = "loading"
+        self._trace = trace
+        self._logs = logs
+        self._request_shutdown = request_shutdown
+        self._explain = explain
+        self._engine = None
+        self._model: LoadedModelInfo | None = None
+
+    def attach(self, engine, model: LoadedModelInfo) -> None:
+        self._engine, self._model, self.phase = engine, model, "ready"
+
+    def methods(self) -> dict[str, Callable]:
+        return {"status": self.status, "ps": self.ps, "cache.ls": self.cache_ls, "cache.stats": self.cache_stats,
+                "cache.prune": self.cache_prune, "cache.near_misses": self.cache_near_misses,
+                "cache.explain": self.cache_explain, "shutdown": self.shutdown}
+
+    def streams(self) -> dict[str, Callable]:
+        return {"trace": self.trace, "logs": self.logs}
+
+    # ------------------------------------------------------------------ daemon
+
+    async def status(self, params: dict) -> dict:
+        f = self.facts
+        engine = self._engine
+        return DaemonStatus(
+            version=f.version, pid=f.pid, phase=self.phase, started_at=f.started_at,
+            uptime_s=time.time() - f.started_at, model=f.model, http_url=f.http_url, host=f.host, port=f.port,
+            queue_waiting=engine.engine.waiting if engine is not None else 0, requests_running=self._trace.running,
+            max_queue=f.max_queue, socket=f.socket, data_dir=f.data_dir, log_file=f.log_file,
+        ).to_json()
+
+    async def ps(self, params: dict) -> dict:
+        if self._model is None:
+            return {"models": []}
+        model = self._model
+        cache = self._engine.prefix_cache
+        if cache is not None:
+            raw = await asyncio.to_thread(cache.stats)
+            model = replace(model, kv_cache_bytes=raw.get("device_bytes", 0) + raw.get("pool_bytes", 0),
+                            kv_cache_budget_bytes=raw.get("device_budget_bytes", 0))
+        choice = getattr(self._engine, "dialect_choice", None)
+        if choice is not None:
+            model = replace(model, dialect=str(getattr(choice, "name", "")),
+                            dialect_reason=str(getattr(choice, "reason", "")))
+        return {"models": [model.to_json()]}
+
+    async def shutdown(self, params: dict) -> dict:
+        self.phase = "stopping"
+        asyncio.get_running_loop().call_soon(self._request_shutdown)  # after this reply is written
+        return {"stopping": True}
+
+    # ------------------------------------------------------------------ cache
+
+    async def cache_ls(self, params: dict) -> dict:
+        cache = self._cache()
+        entries = await asyncio.to_thread(cache_methods.list_entries, cache) if cache is not None else []
+        return {"entries": [e.to_json() for e in entries]}
+
+    async def cache_stats(self, params: dict) -> dict:
+        cache = self._cache()
+        return await asyncio.to_thread(cache_methods.stats, cache) if cache is not None else {"enabled": False}
+
+    async def cache_prune(self, params: dict) -> dict:
+        request = cache_methods.PruneRequest.from_params(params)
+        cache = self._cache()
+        if cache is None:
+            return {"dry_run": request.dry_run, "removed": []}
+        return (await asyncio.to_thread(cache_methods.prune, cache, request)).to_json()
+
+    async def cache_near_misses(self, params: dict) -> dict:
+        cache = self._cache()
+        records = cache.near_misses() if cache is not None else []
+        return {"near_misses": [cache_methods.near_miss_json(r) for r in records]}
+
+    async def cache_explain(self, params: dict) -> dict:
+        request_id = str_param(params, "request_id")
+        cache = self._cache()
+        reported = self._trace.find(request_id) if request_id else None
+        record = cache_methods.find_near_miss(cache.near_misses() if cache is not None else [], request_id,
+                                              reported.near_miss if reported is not None else None)
+        explanation = await asyncio.to_thread(self._explain, record) if self._explain is not None else None
+        return {"request_id": request_id, "near_miss": cache_methods.near_miss_json(record),
+                "explanation": explanation.to_json() if explanation is not None else None}
+
+    def _cache(self):
+        if self._engine is None:
+            raise ControlError(NOT_READY, "the daemon is still loading its model",
+                               hint="wait until `zllm status` says ready")
+        return self._engine.prefix_cache
+
+    # ------------------------------------------------------------------ streams
+
+    async def trace(self, params: dict) -> AsyncIterator[dict]:
+        last, follow = int_param(params, "last", 20), bool_param(params, "follow")
+        with self._trace.subscribe() as feed:  # before reading the ring: nothing falls between the two
+            for report in self._trace.recent(last):
+                yield report.to_json()
+            while follow:
+                yield (await feed.get()).to_json()
+
+    async def logs(self, params: dict) -> AsyncIterator[dict]:
+        last, follow = int_param(params, "last", 100), bool_param(params, "follow")
+        with self._logs.subscribe() as feed:
+            for line in self._logs.recent(last):
+                yield {"line": line}
+            while follow:
+                yield {"line": await feed.get()}
