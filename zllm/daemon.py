@@ -128,7 +128,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
             raise port_in_use(settings.host, settings.port, exc) from None
-        log.info("serving %s on http://%s:%d/v1", served.name, settings.host, settings.port)
+        log.info("serving %s on http://%s:%d/v1 (tool dialect %s: %s)", served.name, settings.host, settings.port,
+                 engine.dialect_choice.name, engine.dialect_choice.reason)
         try:
             await stop.wait()
             control.phase = "stopping"

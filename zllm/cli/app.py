@@ -28,9 +28,8 @@ app = typer.Typer(
 # typer vendors click (typer._click) in recent versions: find its UsageError through a public subclass
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
-# verb modules, in --help order; each has register(app). The optional ones are added when present.
-VERBS = ("serve", "lifecycle", "models", "ps", "cache", "trace", "config_cmd")
-OPTIONAL_VERBS = ("count_tokens", "clients")
+# verb modules, in --help order; each has register(app)
+VERBS = ("serve", "lifecycle", "models", "ps", "cache", "trace", "count_tokens", "clients", "config_cmd")
 
 
 def _version(value: bool) -> None:
@@ -50,14 +49,6 @@ def _register_verbs() -> None:
     # imported here so each verb module can import `app`-independent helpers without cycles
     for name in VERBS:
         importlib.import_module(f"zllm.cli.{name}").register(app)
-    for name in OPTIONAL_VERBS:
-        try:
-            module = importlib.import_module(f"zllm.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"zllm.cli.{name}":
-                raise
-            continue
-        module.register(app)
 
 
 _register_verbs()

@@ -180,9 +180,20 @@ def codex(
 
 def _endpoint() -> ServedEndpoint:
     try:
-        return served_endpoint(load_settings())
+        return served_endpoint(load_settings(), ask_daemon=_from_daemon)
     except ZllmError as exc:
         fail_with(exc)
+
+
+def _from_daemon(settings: Settings) -> ServedEndpoint | None:
+    """A running daemon's own address, model and window (it may have been started with other flags)."""
+    from zllm.cli.connect import running_daemon
+
+    found = running_daemon(settings)
+    if found is None:
+        return None
+    return ServedEndpoint(host=_dial_host(found.host), port=found.port, model=found.model,
+                          context_length=found.context_length, api_key=settings.api_key or PLACEHOLDER_KEY)
 
 
 def _exec(program: str, args: list[str], env_updates: dict[str, str], unset: tuple[str, ...] = ()) -> None:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from zllm.errors import ZllmError
 
 # people read stderr; stdout stays clean for pipes and --json
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # no wrapping at 80 columns in pipes and logs
 out = Console(highlight=False)
 
 

@@ -44,6 +44,7 @@ class NearMiss:
     request_after: str  # what the request has from the divergence on
     entry_after: str  # what the cached sequence had there
     segment: str | None = None  # where in the request's prompt: "message 3 (user)" (None: no describer given)
+    request_id: str = ""  # the request that missed (`zllm cache explain-miss REQUEST_ID`)
     at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -67,7 +68,7 @@ class NearMissLog:
 
     def record(self, *, namespace: str, entry_id: str, tier: str, request: Sequence[int], entry: Sequence[int],
                shared: int, prompt_length: int | None = None,
-               describe: Callable[[int], str] | None = None) -> NearMiss:
+               describe: Callable[[int], str] | None = None, request_id: str = "") -> NearMiss:
         lo = max(0, shared - WINDOW_TOKENS)
         miss = NearMiss(
             namespace=namespace, entry_id=entry_id, tier=tier, divergence=shared, entry_tokens=len(entry),
@@ -76,6 +77,7 @@ class NearMissLog:
             request_after=self._safe_decode(request[shared:shared + WINDOW_TOKENS]),
             entry_after=self._safe_decode(entry[shared:shared + WINDOW_TOKENS]),
             segment=_safe_describe(describe, shared),
+            request_id=request_id,
         )
         with self._lock:
             self._records.append(miss)

@@ -98,7 +98,8 @@ class PrefixCache:
     # ------------------------------------------------------------------ request lifecycle (engine thread)
 
     def acquire(self, namespace: str, prompt: Sequence[int], *, hint: str | None = None,
-                max_new_tokens: int = 1, describe_position: Callable[[int], str] | None = None) -> Lease:
+                max_new_tokens: int = 1, describe_position: Callable[[int], str] | None = None,
+                request_id: str = "") -> Lease:
         """`describe_position(token_index) -> str` names the prompt segment a token is in; called only when
         this request is recorded as a near miss (near_miss.py), outside the cache lock."""
         prompt = tuple(prompt)
@@ -118,7 +119,7 @@ class PrefixCache:
                       round=lineage.round + 1 if lineage else 1, hint=hint)
         try:
             diverged = self._try_ssd(lease, limit)
-            self._note_near_miss(lease, found, diverged, describe_position)
+            self._note_near_miss(lease, found, diverged, describe_position, request_id)
         except BaseException:  # the caller never sees this lease: give its lock and buffers back now
             self.release(lease)
             raise
@@ -260,18 +261,19 @@ class PrefixCache:
         return diverged
 
     def _note_near_miss(self, lease: Lease, found: DeviceLookup, diverged: SsdMatch | None,
-                        describe: Callable[[int], str] | None) -> None:
+                        describe: Callable[[int], str] | None, request_id: str) -> None:
         best, near = found.best, self.near_miss_log
         if best is not None and near.qualifies(best.matched, best.entry.length, len(lease.prompt)):
             lease.near_miss = near.record(namespace=lease.namespace, entry_id=best.entry.id, tier="device",
                                           request=lease.prompt, entry=best.entry.node.sequence(),
                                           shared=best.matched, prompt_length=best.entry.prompt_length,
-                                          describe=describe)
+                                          describe=describe, request_id=request_id)
         elif diverged is not None and near.qualifies(diverged.length, diverged.row.length, len(lease.prompt)):
             row = diverged.row
             lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier="ssd",
                                           request=lease.prompt, entry=unpack_tokens(row.tokens),
-                                          shared=diverged.length, prompt_length=row.prompt_len, describe=describe)
+                                          shared=diverged.length, prompt_length=row.prompt_len, describe=describe,
+                                          request_id=request_id)
 
     def _keep_resident(self, lease: Lease, sequence: tuple[int, ...], state: KVState, entry_id: str,
                        prompt_length: int, hint_key: str | None) -> Entry | None:

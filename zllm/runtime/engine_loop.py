@@ -240,7 +240,8 @@ class EngineLoop:
             lease = self.prefix_cache.acquire(request_namespace(self._model_key, request.namespace),
                                               request.prompt_ids, hint=request.cache_hint,
                                               max_new_tokens=request.max_tokens,
-                                              describe_position=request.describe_position)
+                                              describe_position=request.describe_position,
+                                              request_id=request.request_id)
         try:
             active = ActiveRequest(
                 request=request,
