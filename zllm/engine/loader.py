@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as transformers_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as transformers_logging
 
 from zllm.errors import ConfigError
 

@@ -19,8 +19,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from zllm.kvcache.state import (KVState, clone_state, common_prefix_length, seq_len, slice_state, state_tensors,
-                                storage_bytes)
+from zllm.kvcache.state import (
+    KVState,
+    clone_state,
+    common_prefix_length,
+    seq_len,
+    slice_state,
+    state_tensors,
+    storage_bytes,
+)
 
 
 @dataclass(eq=False)

@@ -28,8 +28,8 @@ from pathlib import Path
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, write_blob
 from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, blob_name, pack_tokens, token_sha256
-from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
 from zllm.kvcache.ssd_maintenance import Maintenance
+from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
 
 log = logging.getLogger("zllm.kvcache")
 

@@ -6,7 +6,6 @@ import sqlite3
 import struct
 
 import pytest
-import torch
 from safetensors import safe_open
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state

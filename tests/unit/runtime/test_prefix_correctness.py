@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
+from zllm.engine.kv_layers import cache_state
 from zllm.engine.runner import ModelRunner
 from zllm.kvcache import CacheConfig
 from zllm.runtime.prefix import build_prefix_cache, working_cache_for
-from zllm.engine.kv_layers import cache_state
 
 NS = "ns"
 BASE = tuple(random.Random(5).randrange(1000, 100_000) for _ in range(600))
