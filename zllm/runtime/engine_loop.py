@@ -37,7 +37,7 @@ from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, Overloaded, ZllmError
 from zllm.kvcache import Lease, PrefixCache, request_namespace
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
-from zllm.runtime.fence import Fence
+from zllm.runtime.fence import Fence, sample_fenced
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
@@ -291,11 +291,10 @@ class EngineLoop:
         if active.request.aborted.is_set():
             return active.finished(FinishReason.ABORT)
         request = active.request
-        if request.fence is not None:
-            request.fence.apply(active.logits)  # grammar-invalid tokens → -inf
         if request.loop_guard is not None:
             request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
-        token = active.sampler(active.logits)  # [1, 1] on the device
+        # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
+        token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] on the device
         token_id = token.item()  # the one host sync per token
         active.generated.append(token_id)
         if request.fence is not None:

@@ -83,7 +83,10 @@ class FenceVocab:
     def markup_tokens(self, dialect: type[Dialect] | Dialect) -> MarkupTokens:
         """Which of `dialect.markup` this tokenizer has as one added token. Raises ConfigError when a
         `single_token_markup` literal is split, or a literal mixes an added token with text."""
-        single = {literal: self.special_ids[literal] for literal in dialect.markup if literal in self.special_ids}
+        # every added token, special to llguidance or not (DeepSeek V4's `｜DSML｜` is not): named by id, the
+        # grammar forces the one token the dialect's prompts use, so the output re-renders token for token
+        added = self.tokenizer.get_added_vocab()
+        single = {literal: added[literal] for literal in dialect.markup if literal in added}
         for literal in dialect.single_token_markup:
             if literal not in single:
                 pieces = len(self.tokenizer.encode(literal, add_special_tokens=False))
