@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tests.support.deepseek_models import (
-    VECTOR_DIR,
     deepseek_v31_tokenizer,
     vector_input,
     vector_output,
@@ -23,7 +22,6 @@ def call(id_: str, city: str) -> ToolCall:
     return ToolCall(id_, "get_weather", f'{{"city": "{city}", "days": 2}}')
 
 
-@pytest.mark.skipif(not VECTOR_DIR.exists(), reason=f"the shared vectors are not checked out at {VECTOR_DIR}")
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_v32_renders_the_official_vector_byte_for_byte(add_generation_prompt: bool) -> None:
     messages, tools = vector_input()
