@@ -57,7 +57,7 @@ from zllm.dialects.dsml_format import (
     schema_says_string,
 )
 from zllm.dialects.dsml_render import DsmlFamily
-from zllm.dialects.string_values import raw_string_terminal
+from zllm.dialects.string_values import escape_slashes, raw_string_terminal
 
 # text that cannot contain DSML markup (either marker spelling) or a think tag; a value only avoids DSML
 PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*)(?:[|｜]DSML[|｜]|<\/?think>)(?s:.*)/"
@@ -235,7 +235,7 @@ class _Builder:
         """A free-form tool takes one string, `input`, whose text follows the tool's own grammar."""
         name = f"tool_{n}_input"
         definition = tool.grammar.definition
-        lark = definition if tool.grammar.syntax == "lark" else f"start: /{_escape_slashes(definition)}/"
+        lark = definition if tool.grammar.syntax == "lark" else f"start: /{escape_slashes(definition)}/"
         self.subgrammars.append({"name": name, "lark_grammar": lark})
         tag = self.spell(param_tag(self.tags, "input", True))
         return self.rule(f"params_{n}", f'{tag} @{name} {self.spell(self.tags.param_close + chr(10))}')
@@ -265,12 +265,3 @@ def _without_strings(schema: dict) -> dict:
         if isinstance(schema.get(key), list):
             return {**schema, key: [b for b in schema[key] if schema_says_string(b) is not True]}
     return {**schema, "type": NON_STRING_TYPES}
-
-
-def _escape_slashes(regex: str) -> str:
-    """A regex as the body of a Lark `/.../` literal: unescaped `/` escaped."""
-    out, escaped = [], False
-    for char in regex:
-        out.append("\\/" if char == "/" and not escaped else char)
-        escaped = char == "\\" and not escaped
-    return "".join(out)

@@ -28,7 +28,7 @@ from zllm.dialects.base import (
     FenceSpec,
     MarkupTokens,
 )
-from zllm.dialects.string_values import min_length, raw_string_terminal
+from zllm.dialects.string_values import escape_slashes, min_length, raw_string_terminal
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -206,7 +206,7 @@ def _free_form_value(lark: _LarkWriter, tool: FunctionTool) -> str:
     assert tool.grammar is not None
     closer = lark.markup.lark(VALUE_CLOSE)
     if tool.grammar.syntax == "regex":
-        return f"/{_lark_regex(tool.grammar.definition)}/ {closer}"
+        return f"/{escape_slashes(tool.grammar.definition)}/ {closer}"
     return f"%lark {{\n{tool.grammar.definition}\n}} {closer}"
 
 
@@ -259,14 +259,5 @@ class _LarkWriter:
 
 def _free_text(*, nonempty: bool) -> str:
     """Any text that spells out no markup (nor its slips)."""
-    banned = "|".join(_lark_regex(re.escape(tag)) for tag in SPELLINGS)
+    banned = "|".join(escape_slashes(re.escape(tag)) for tag in SPELLINGS)
     return f"/(?s:.{'+' if nonempty else '*'})/ & ~/(?s:.*)({banned})(?s:.*)/"
-
-
-def _lark_regex(pattern: str) -> str:
-    """`pattern` made safe inside Lark's /.../: unescaped slashes escaped."""
-    out, escaped = [], False
-    for char in pattern:
-        out.append("\\/" if char == "/" and not escaped else char)
-        escaped = char == "\\" and not escaped
-    return "".join(out)

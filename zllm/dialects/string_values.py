@@ -25,7 +25,7 @@ def raw_string_terminal(schema: dict | None) -> str | None:
         parts.append(f"/(?s:.{{{max(low or 0, 0)},{high if isinstance(high, int) else ''}}})/")
     pattern = schema.get("pattern")
     if isinstance(pattern, str) and pattern:
-        parts.append(f"/{_slashes_escaped(_as_full_match(pattern))}/")
+        parts.append(f"/{escape_slashes(_as_full_match(pattern))}/")
     return " & ".join(parts) or None
 
 
@@ -42,7 +42,8 @@ def _as_full_match(pattern: str) -> str:
     return f"{start}(?:{pattern.lstrip('^').removesuffix('$') if end == '' else pattern.lstrip('^')}){end}"
 
 
-def _slashes_escaped(regex: str) -> str:
+def escape_slashes(regex: str) -> str:
+    """`regex` made safe inside Lark's /.../: unescaped slashes escaped."""
     out, escaped = [], False
     for char in regex:
         out.append("\\/" if char == "/" and not escaped else char)

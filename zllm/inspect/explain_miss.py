@@ -40,6 +40,7 @@ from zllm.inspect.segment_map import (
     map_segments,
 )
 from zllm.kvcache.near_miss import WINDOW_TOKENS, NearMiss
+from zllm.prompt.segments import shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def explain_between(a: ChatRequest, b: ChatRequest, renderer, *, renderer_b=None
     """Why `b` would miss a cache holding `a`'s prompt. `renderer_b`: B's renderer when the template changed."""
     renderer_b = renderer_b or renderer
     ids_a, ids_b = renderer.render(a).token_ids, renderer_b.render(b).token_ids
-    d = _shared(ids_a, ids_b)
+    d = shared_prefix_length(ids_a, ids_b)
     scope = _scope(a.model, b.model, namespace_a, namespace_b)
     counts = {"cached_tokens": len(ids_a), "request_tokens": len(ids_b), "namespace": namespace_b}
     if d == min(len(ids_a), len(ids_b)):  # one is a prefix of the other: a hit, unless scope forbids it
@@ -194,15 +195,6 @@ def _as_near_miss(record: NearMiss | Mapping) -> NearMiss:
         return record
     names = {f.name for f in dataclasses.fields(NearMiss)}
     return NearMiss(**{k: v for k, v in record.items() if k in names})
-
-
-def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _word(text: str) -> str:

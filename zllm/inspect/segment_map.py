@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolChoice
-from zllm.prompt.cache_busters import drop_billing_headers
+from zllm.prompt.segments import kept_messages
 
 SYSTEM_BLOCK = "system block"
 TOOLS = "tools"
@@ -99,17 +99,6 @@ def map_segments(renderer, request: ChatRequest, total: int | None = None) -> Se
 
     labels = [label_at(char) for char in starts]
     return _runs(labels, len(labels) if total is None else total)
-
-
-def kept_messages(messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], list[int]]:
-    """The messages the renderer renders (per-session lines removed) and each one's index in `messages`."""
-    kept: list[Message] = []
-    origin: list[int] = []
-    for i, message in enumerate(messages):
-        for survivor in drop_billing_headers((message,))[0]:
-            kept.append(survivor)
-            origin.append(i)
-    return tuple(kept), origin
 
 
 def message_name(index: int, message: Message, *, first: bool) -> str:

@@ -53,7 +53,7 @@ def position_describer(renderer: PromptRenderer, request: ChatRequest) -> Callab
 
 def describe_position(renderer: PromptRenderer, request: ChatRequest, index: int) -> str:
     """Name the segment of `request`'s rendered prompt that token `index` falls in (see the module doc)."""
-    kept, origin = _kept_messages(request.messages)
+    kept, origin = kept_messages(request.messages)
     full = renderer.template_text(request, kept)
     starts = renderer.token_starts(full)
     if not 0 <= index < len(starts):
@@ -73,7 +73,7 @@ def describe_position(renderer: PromptRenderer, request: ChatRequest, index: int
             except Exception:  # e.g. a template that insists on a final user turn
                 ends[k] = None
             else:
-                ends[k] = _shared(full, text)
+                ends[k] = shared_prefix_length(full, text)
         return ends[k]
 
     last = end(len(kept))
@@ -94,7 +94,7 @@ def describe_position(renderer: PromptRenderer, request: ChatRequest, index: int
     return f"messages {origin[lo]}-{origin[hi - 1]}"
 
 
-def _kept_messages(messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], list[int]]:
+def kept_messages(messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], list[int]]:
     """The messages the renderer renders (cache busters removed) and each one's index in `messages`."""
     kept: list[Message] = []
     origin: list[int] = []
@@ -112,11 +112,12 @@ def _tools_span(renderer: PromptRenderer, request: ChatRequest, kept: tuple[Mess
         without = renderer.template_text(request, kept, tools=False)
     except Exception:
         return 0, 0
-    start = _shared(full, without)
-    return start, len(full) - _shared(reversed(full[start:]), reversed(without[start:]))
+    start = shared_prefix_length(full, without)
+    return start, len(full) - shared_prefix_length(reversed(full[start:]), reversed(without[start:]))
 
 
-def _shared(a: Iterable[str], b: Iterable[str]) -> int:
+def shared_prefix_length(a: Iterable, b: Iterable) -> int:
+    """How many leading items `a` and `b` share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
