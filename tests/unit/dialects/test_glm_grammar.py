@@ -13,7 +13,8 @@ from tests.support.glm_models import glm_tokenizer
 from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice, ToolGrammar
 from zllm.dialects.base import FenceSpec, MarkupTokens
 from zllm.dialects.glm_grammar import MARKUP
-from zllm.dialects.glm_xml import Glm45Xml, render_assistant_turn
+from zllm.dialects.glm_render import render_assistant_turn
+from zllm.dialects.glm_xml import Glm45Xml
 
 DIALECT = Glm45Xml()
 WEATHER = FunctionTool("get_weather", "Current weather", {
