@@ -176,6 +176,8 @@ def error_shape_for(request: web.Request) -> ErrorShape:
 
 def error_response(request: web.Request, exc: BaseException) -> web.Response:
     error = describe_exception(exc)
+    # the access log shows only the status; this says why, for whoever reads the daemon log
+    log.info("%s %s → %d %s: %s", request.method, request.path, error.status, error.code, error.message)
     return web.json_response(error_shape_for(request)(error), status=error.status)
 
 
