@@ -23,6 +23,16 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data_dir
 
 
+def linked_data_dir(shared: Path, where: Path) -> Path:
+    """A data dir of its own (a daemon locks its data dir: one daemon per store) whose `models` is the shared
+    store's, so tests that run a second daemon beside a module-scoped one need not pull again."""
+    data_dir = where / "data"
+    if not data_dir.exists():
+        data_dir.mkdir(parents=True)
+        (data_dir / "models").symlink_to(shared / "models", target_is_directory=True)
+    return data_dir
+
+
 @pytest.fixture(scope="module")
 def daemon(tiny_data_dir: Path):
     proc = Daemon(tiny_data_dir, TINY, "--context-length", str(CONTEXT)).wait_ready()

@@ -9,15 +9,17 @@ import aiohttp
 import openai
 import pytest
 
-from tests.integration.conftest import CONTEXT, TINY
+from tests.integration.conftest import CONTEXT, TINY, linked_data_dir
 from tests.support.daemon import Daemon
 
 MAX_OUT = 8
 
 
 def start_daemon(data_dir: Path, state_dir: Path, *args: str) -> Daemon:
+    """A daemon with its own data dir over the shared models (the module's daemon may still be running)."""
     env = {"ZLLM_STATE_DIR": str(state_dir)}
-    return Daemon(data_dir, TINY, "--context-length", str(CONTEXT), *args, env=env).wait_ready()
+    return Daemon(linked_data_dir(data_dir, state_dir), TINY, "--context-length", str(CONTEXT), *args,
+                  env=env).wait_ready()
 
 
 def sdk(daemon: Daemon) -> openai.OpenAI:

@@ -106,3 +106,18 @@ def cache_buffers(cache: DynamicCache) -> tuple[LayerBuffers, ...] | None:
     if not all(isinstance(layer, PreallocatedLayer) for layer in cache.layers):
         return None
     return tuple((layer.key_buffer, layer.value_buffer) for layer in cache.layers)
+
+
+def croppable(cache: DynamicCache) -> bool:
+    """Whether `crop_to` can shorten every layer (full attention only: a sliding-window or linear-attention
+    layer cannot take tokens back)."""
+    return bool(cache.layers) and all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in cache.layers)
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Forget every token past the first `length` (rejected speculative drafts): the cache then holds exactly
+    what it held after `length` tokens were fed, and the next forward continues at position `length`."""
+    held = cache.get_seq_length()
+    assert 0 <= length <= held, f"cannot crop a {held}-token cache to {length} tokens"
+    if length < held:
+        cache.crop(length - held)  # a negative count: tokens to remove

@@ -1,4 +1,5 @@
-"""Forward passes over a caller-owned KV cache: prefill a prompt (or append to a kept cache), decode one token.
+"""Forward passes over a caller-owned KV cache: prefill a prompt (or append to a kept cache), decode one token,
+verify a speculative draft (logits at every fed position).
 
 The cache is a `transformers.DynamicCache` the runtime creates per request and passes in, so it can later be
 kept, cropped, saved and restored by the prefix cache. Positions continue from the cache's length, which is
@@ -68,6 +69,14 @@ class ModelRunner:
     def decode(self, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """One decode step. token: [1, 1] long on the device; returns the next logits, `[vocab]`."""
         return self._forward(token, cache)
+
+    def verify(self, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
+        """Append `token_ids` (a sampled token, then a speculative draft) in one forward and return the logits
+        after each of them, `[n, vocab]`: row i is the distribution for the token after token_ids[i]. The
+        caller crops the cache back past the draft tokens it rejects (kv_layers.crop_to)."""
+        ids = self.as_input(token_ids)  # [1, n]
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=ids.shape[1])
+        return out.logits[0]  # [n, vocab]
 
     def _forward(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         # logits_to_keep=1: only the last position goes through lm_head (vocab can be 150K wide)

@@ -1,0 +1,143 @@
+"""Plain vs prompt-lookup speculative decode on an echo-heavy agent turn, side by side in one run (PERF.md P4).
+
+    .venv/bin/python bench/speculative.py [MODEL_DIR] [--threads 1] [--new-tokens 160] [--draft 8] [--repeats 2]
+
+The turn asks the model to repeat a file from its prompt with one edit — what an agent does when it rewrites a
+file it was shown; SmolLM2-135M copies such text. Both sides run greedy from the same prefilled prompt with the
+model's EOS ignored (exactly --new-tokens tokens), through the engine's own pieces: the plain side is the engine
+loop's step (sample, decode), the speculative side `SpeculativeStep`. Runs are interleaved, the best of
+--repeats kept; prefill is outside the timed part. The speculative output must equal the plain output token for
+token (greedy exactness), or the script fails.
+
+One JSON line per figure:
+    {"bench": "speculative", "figure": "decode_tok_s", "turn": args.turn, "plain": .., "speculative": .., "ratio": ..,
+     "acceptance": .., "tokens_per_forward": .., "identical": true, ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from zllm.canonical import ChatRequest, Message  # noqa: E402
+from zllm.config import DEFAULT_MODEL, load_settings  # noqa: E402
+from zllm.engine import ModelRunner, SamplingConfig, load_model  # noqa: E402
+from zllm.engine.sampler import Sampler  # noqa: E402
+from zllm.prompt import PromptRenderer  # noqa: E402
+from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep  # noqa: E402
+
+FILE = '''import json
+from pathlib import Path
+
+
+def load_settings(path: Path) -> dict:
+    """Read the settings file; missing keys fall back to the defaults."""
+    defaults = {"threads": 1, "device": "cpu", "cache_mb": 512}
+    if not path.exists():
+        return defaults
+    with path.open() as handle:
+        values = json.load(handle)
+    return {**defaults, **values}
+
+
+def save_settings(path: Path, values: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        json.dump(values, handle, indent=2, sort_keys=True)
+'''
+STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+ASK = ("Here is settings.py:\n\n```python\n{file}```\n\nRewrite the whole file with the default cache_mb changed "
+       "from 512 to 1024. Reply with the complete file in one code block and nothing else.")
+
+
+TURNS = {"echo": ASK.format(file=FILE), "free": STORY}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", nargs="?", type=Path, default=load_settings().models_dir / DEFAULT_MODEL)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--new-tokens", type=int, default=160)
+    parser.add_argument("--draft", type=int, default=SpeculationConfig.max_draft, help="k: draft tokens per verify forward")
+    parser.add_argument("--min-ngram", type=int, default=SpeculationConfig.min_ngram)
+    parser.add_argument("--max-ngram", type=int, default=SpeculationConfig.max_ngram)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--turn", choices=("echo", "free"), default="echo",
+                        help="echo: rewrite a file from the prompt (the P4 figure); free: a story (no echo)")
+    return parser.parse_args()
+
+
+def prefilled(runner: ModelRunner, prompt: list[int]):
+    cache = runner.new_cache()
+    return cache, runner.prefill(prompt, cache)
+
+
+def plain_decode(runner: ModelRunner, prompt: list[int], new_tokens: int) -> tuple[list[int], float, int]:
+    """The engine loop's plain step: sample, one decode forward per token."""
+    cache, logits = prefilled(runner, prompt)
+    sampler, tokens = Sampler(SamplingConfig(0.0), runner.device), []
+    start = time.perf_counter()
+    while True:
+        token = sampler(logits)
+        tokens.append(token.item())
+        if len(tokens) == new_tokens:
+            break
+        logits = runner.decode(token, cache)
+    return tokens, time.perf_counter() - start, new_tokens - 1
+
+
+def speculative_decode(runner: ModelRunner, prompt: list[int], new_tokens: int,
+                       config: SpeculationConfig) -> tuple[list[int], float, int, SpeculativeStep]:
+    cache, logits = prefilled(runner, prompt)
+    spec = SpeculativeStep(runner, Sampler(SamplingConfig(0.0), runner.device), prompt, config)
+    tokens: list[int] = []
+    start = time.perf_counter()
+    while len(tokens) < new_tokens:
+        run = spec.step(logits, cache, remaining=new_tokens - len(tokens))
+        tokens += run.tokens
+        logits = run.logits
+    return tokens, time.perf_counter() - start, spec.stats.steps, spec
+
+
+def main() -> None:
+    args = parse_args()
+    loaded = load_model(args.model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
+    runner = ModelRunner(loaded.model)
+    request = ChatRequest(id="bench", model="bench", messages=(Message("user", TURNS[args.turn]),))
+    prompt = list(PromptRenderer(loaded.tokenizer).render(request).token_ids)
+    config = SpeculationConfig(max_draft=args.draft, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
+    best = {"plain": float("inf"), "speculative": float("inf")}
+    with torch.inference_mode():
+        plain_decode(runner, prompt, 8)  # warm-up: allocator, kernels, lazy inits
+        speculative_decode(runner, prompt, 8, config)
+        for _ in range(args.repeats):  # interleaved: machine noise hits both alike
+            want, elapsed, plain_forwards = plain_decode(runner, prompt, args.new_tokens)
+            best["plain"] = min(best["plain"], elapsed)
+            got, elapsed, spec_forwards, spec = speculative_decode(runner, prompt, args.new_tokens, config)
+            best["speculative"] = min(best["speculative"], elapsed)
+    rates = {side: args.new_tokens / seconds for side, seconds in best.items()}
+    line = {"bench": "speculative", "figure": "decode_tok_s", "turn": args.turn, **{k: round(v, 2) for k, v in rates.items()},
+            "ratio": round(rates["speculative"] / rates["plain"], 3), "acceptance": round(spec.stats.acceptance, 3),
+            "tokens_per_forward": round(args.new_tokens / max(spec_forwards, 1), 2),
+            "forwards": {"plain": plain_forwards, "speculative": spec_forwards}, "identical": got == want,
+            "model": args.model_dir.name, "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+            "draft": args.draft, "ngram": [args.min_ngram, args.max_ngram], "new_tokens": args.new_tokens,
+            "prompt_tokens": len(prompt), "repeats": args.repeats}
+    print(json.dumps(line), flush=True)
+    print(loaded.tokenizer.decode(got), file=sys.stderr)  # for people: what the turn produced
+    if got != want:
+        sys.exit("error: speculative greedy output differs from the plain output")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Prompt-lookup speculative decoding on the tiny Qwen: the same greedy output as the plain loop (echo-heavy and
+not, fenced and not, stopping inside an accepted run, loop-guarded), a KV cache holding exactly prompt + fed
+tokens after every step, grammar-valid sampled output, and accept/reject drawing exactly from p."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
+from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
+from zllm.engine.kv_layers import crop_to, working_cache
+from zllm.engine.runner import ModelRunner
+from zllm.engine.sampler import Sampler, SamplingConfig
+from zllm.engine.verify import sample_from, sampled_accepts, sampling_probs
+from zllm.runtime.fence import FenceCompiler, sample_fenced
+from zllm.runtime.loop_guard import LoopGuard, LoopGuardConfig
+from zllm.runtime.speculative import PromptLookup, SpeculationConfig, SpeculativeStep, can_speculate
+
+IM_END, END_OF_TEXT = 151645, 151643
+STOP_IDS = frozenset({IM_END, END_OF_TEXT})
+GREEDY = SamplingConfig(temperature=0.0)
+FILE = "def add(a, b):\n    total = a + b\n    return total\n\n\nprint(add(2, 3))\n"
+SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string", "maxLength": 12}, "line": {"type": "integer", "maximum": 99},
+                   "mode": {"enum": ["replace", "append"]}},
+    "required": ["path", "line", "mode"],
+    "additionalProperties": False,
+    "x-guidance": CANONICAL_JSON_GUIDANCE,
+}
+EDIT_GRAMMAR = FenceGrammar("%llguidance {}\nstart: %json " + json.dumps(SCHEMA))
+EDIT_EXAMPLE = '{"path": "src/app.py", "line": 42, "mode": "replace"}'
+
+
+def encode(text: str) -> list[int]:
+    return tiny_qwen_tokenizer().encode(text, add_special_tokens=False)
+
+
+class echo_model:
+    """Make the model continue `script` at every position: after script[i] it emits script[i + 1] (the first
+    such pair wins for a repeated token), after any other token script[0]; after a `gaps` token its own random
+    logits pass through. Keyed by each position's input token — unlike scripted_output, which counts forward
+    passes — so a k-token verify forward sees what k decode steps see."""
+
+    def __init__(self, model, script: list[int], gaps: tuple[int, ...] = ()):
+        self.model, self.first, self.gaps = model, script[0], set(gaps)
+        self.next: dict[int, int] = {}
+        for token_id, following in zip(script, script[1:]):
+            self.next.setdefault(token_id, following)
+        self._ids: torch.Tensor | None = None
+
+    def _capture(self, module, args):
+        self._ids = args[0]  # input_ids [1, n]
+
+    def _force(self, module, inputs, output):  # output: [1, kept positions, vocab]
+        forced = output.clone()
+        for position, token_id in enumerate(self._ids[0, -output.shape[1]:].tolist()):
+            if token_id not in self.gaps:
+                forced[0, position] = -1e4
+                forced[0, position, self.next.get(token_id, self.first)] = 1e4
+        return forced
+
+    def __enter__(self):
+        self._handles = (self.model.get_input_embeddings().register_forward_pre_hook(self._capture),
+                         self.model.get_output_embeddings().register_forward_hook(self._force))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    ending: str
+    cache_length: int
+
+
+def emit(token_id: int, tokens: list[int], max_tokens: int, fence, guard) -> str | None:
+    """The engine loop's per-token output path, in its order: fence, stop/budget, loop guard."""
+    tokens.append(token_id)
+    if fence is not None:
+        fence.advance(token_id)
+    if token_id in STOP_IDS:
+        return "stop"
+    if len(tokens) >= max_tokens:
+        return "length"
+    if guard is not None:
+        guard.observe(token_id)
+        if guard.verdict() is not None:
+            return "repetition"
+    return None
+
+
+def plain(runner, prompt, max_tokens, sampling=GREEDY, *, fence=None, guard=None) -> Generation:
+    """EngineLoop.step, one token per forward."""
+    sampler, cache, tokens = Sampler(sampling), runner.new_cache(), []
+    logits = runner.prefill(prompt, cache)
+    while True:
+        if guard is not None:
+            guard.ban(logits, fence)
+        token = sample_fenced(sampler, logits, fence)
+        if (ending := emit(token.item(), tokens, max_tokens, fence, guard)) is not None:
+            return Generation(tokens, ending, cache.get_seq_length())
+        logits = runner.decode(token, cache)
+
+
+def speculative(runner, prompt, max_tokens, sampling=GREEDY, *, fence=None, guard=None, cache=None,
+                config=SpeculationConfig()) -> tuple[Generation, SpeculativeStep]:
+    """The engine loop with the integration patch: spec.step, then each token through the output path."""
+    cache = cache if cache is not None else runner.new_cache()
+    spec, tokens = SpeculativeStep(runner, Sampler(sampling), prompt, config, STOP_IDS), []
+    logits = runner.prefill(prompt, cache)
+    while True:
+        run = spec.step(logits, cache, remaining=max_tokens - len(tokens), fence=fence, loop_guard=guard)
+        for token_id in run.tokens:
+            if (ending := emit(token_id, tokens, max_tokens, fence, guard)) is not None:
+                crop_to(cache, len(prompt) + len(tokens) - 1)  # the plain loop never feeds the ending token
+                return Generation(tokens, ending, cache.get_seq_length()), spec
+        assert cache.get_seq_length() == len(prompt) + len(tokens), "the cache holds prompt + fed tokens"
+        logits = run.logits
+
+
+@pytest.fixture(autouse=True)
+def inference_mode():
+    with torch.inference_mode():  # as on the engine thread
+        yield
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_qwen) -> ModelRunner:
+    return ModelRunner(tiny_qwen.model)
+
+
+@pytest.fixture(scope="module")
+def compiler() -> FenceCompiler:
+    return FenceCompiler(tiny_qwen_tokenizer(), vocab_size=QWEN_VOCAB_SIZE, stop_token_ids=STOP_IDS)
+
+
+# ---------------------------------------------------------------------------------------------- the drafter
+
+
+def test_lookup_proposes_what_followed_the_longest_suffix_match() -> None:
+    lookup = PromptLookup([1, 2, 3, 9, 2, 3, 4, 5, 7, 2, 3], max_ngram=3)
+    assert lookup.propose(2) == [4, 5]  # "2 3" last followed by 4 (most recent occurrence wins)
+    lookup.extend([4])
+    assert lookup.propose(8) == [5, 7, 2, 3, 4]  # "2 3 4" ran into the end of the sequence
+    assert PromptLookup([1, 2, 9, 3, 2]).propose(3) == [9, 3, 2]  # only "2" matches (n = 1)
+
+
+def test_lookup_never_matches_the_suffix_itself_and_respects_limits() -> None:
+    assert PromptLookup([5, 6, 7]).propose(4) == []
+    assert PromptLookup([5, 6, 5, 6], min_ngram=2).propose(4) == [5, 6]
+    assert PromptLookup([1, 2, 3, 1]).propose(0) == []
+    assert PromptLookup([8, 1, 2, 3, 8], min_ngram=2).propose(3) == []  # "3 8" never seen; n = 1 not allowed
+
+
+def test_lookup_matches_through_the_tail() -> None:
+    lookup = PromptLookup([1, 2, 3, 4, 1])
+    assert lookup.propose(3, tail=[2]) == [3, 4, 1]  # suffix "1 2" ends in the tail
+    assert PromptLookup([7, 1]).propose(3, tail=[7]) == [1, 7]  # the continuation runs on into the tail
+
+
+# ---------------------------------------------------------------------------------------------- greedy = plain
+
+
+@pytest.mark.parametrize("case", ["echo", "echo-with-gaps", "random", "chat"])
+def test_greedy_output_equals_the_plain_loop(runner, tiny_qwen, case) -> None:
+    code = encode(FILE)
+    prompt = encode("Repeat this file exactly:\n") + code + encode("\nHere it is:\n")
+    gaps = {"echo": (), "echo-with-gaps": (code[5], code[17]), "random": None, "chat": None}[case]
+    if case == "chat":
+        prompt = encode("<|im_start|>user\nWrite a haiku about caches.<|im_end|>\n<|im_start|>assistant\n")
+    with echo_model(tiny_qwen.model, code, gaps) if gaps is not None else nullcontext():
+        want = plain(runner, prompt, 60)
+        got, spec = speculative(runner, prompt, 60)
+    assert got == want
+    assert want.cache_length == len(prompt) + len(want.tokens) - 1
+    if gaps is not None:
+        assert spec.stats.accepted >= 30 and spec.stats.steps < 30, "echoed text is accepted in runs"
+        assert spec.stats.accepted < spec.stats.drafted or not gaps, "the model's own tokens reject drafts"
+
+
+def test_the_cache_holds_exactly_the_fed_tokens(runner, tiny_qwen) -> None:
+    """After rejections and an ending inside a run, a pooled working cache and a DynamicCache hold what a fresh
+    prefill of prompt + fed tokens holds."""
+    code = encode(FILE)
+    prompt = encode("Copy:\n") + code
+    state = runner.probe_kv_state()
+    buffers = tuple(tuple(t.new_zeros(*t.shape[:-2], 40, t.shape[-1]) for t in layer) for layer in state)
+    for cache in (runner.new_cache(), working_cache(runner.config, buffers, 0)):
+        assert can_speculate(cache) or cache.get_seq_length() == 0
+        with echo_model(tiny_qwen.model, code, gaps=(code[9],)):
+            got, spec = speculative(runner, prompt, 45, cache=cache)
+        assert spec.stats.accepted > 10 and spec.stats.accepted < spec.stats.drafted
+        reference = runner.new_cache()
+        runner.prefill(prompt + got.tokens[:-1], reference)
+        assert cache.get_seq_length() == reference.get_seq_length() == len(prompt) + 44
+        for layer, ref in zip(cache.layers, reference.layers):
+            assert torch.allclose(layer.keys, ref.keys, atol=1e-5)
+            assert torch.allclose(layer.values, ref.values, atol=1e-5)
+
+
+def test_crop_to_rewinds_a_cache_for_the_next_forward(runner) -> None:
+    ids = encode(FILE)
+    cache, reference = runner.new_cache(), runner.new_cache()
+    runner.prefill(ids[:10], reference)
+    want = runner.decode(runner.as_input([ids[10]]), reference)
+    runner.prefill(ids[:14], cache)
+    crop_to(cache, 10)
+    assert torch.allclose(runner.decode(runner.as_input([ids[10]]), cache), want, atol=1e-5)
+    with pytest.raises(AssertionError):
+        crop_to(cache, 12)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7])
+def test_stop_token_and_budget_inside_an_accepted_run(runner, tiny_qwen, max_tokens) -> None:
+    script = encode(" one two three four five six seven eight") + [IM_END]
+    prompt = encode("Say:") + script + encode("\nAgain:")
+    with echo_model(tiny_qwen.model, script):
+        want = plain(runner, prompt, max_tokens)
+        got, _ = speculative(runner, prompt, max_tokens)
+        want_stop = plain(runner, prompt, 50)
+        got_stop, spec = speculative(runner, prompt, 50)
+    assert got == want and len(got.tokens) == max_tokens and got.ending == "length"
+    assert got_stop == want_stop and got_stop.ending == "stop" and got_stop.tokens == script
+    assert spec.stats.steps <= 3, "the stop token was reached inside an accepted run"
+
+
+def test_loop_guard_bans_and_stops_as_in_the_plain_loop(runner, tiny_qwen) -> None:
+    cycle = encode(" tick tock")
+    prompt = encode("Clock:") + cycle * 3
+    config = LoopGuardConfig(max_period=8, min_repeats=4, min_span=8, max_bans=2)
+    with echo_model(tiny_qwen.model, cycle + cycle[:1]):
+        want = plain(runner, prompt, 200, guard=LoopGuard(config))
+        got, spec = speculative(runner, prompt, 200, guard=LoopGuard(config))
+    assert want.ending == "repetition" and got == want
+    assert spec.stats.accepted > 0
+
+
+# ---------------------------------------------------------------------------------------------- fenced
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_fenced_greedy_output_equals_the_plain_fenced_loop(runner, tiny_qwen, compiler, echo) -> None:
+    example = encode(EDIT_EXAMPLE)
+    prompt = encode("Emit the edit as JSON, like ") + example + encode(":\n")
+    with echo_model(tiny_qwen.model, example, gaps=(example[4],)) if echo else nullcontext():
+        want = plain(runner, prompt, 80, fence=compiler.compile(EDIT_GRAMMAR))
+        got, spec = speculative(runner, prompt, 80, fence=compiler.compile(EDIT_GRAMMAR), guard=LoopGuard())
+    assert got == want and want.ending == "stop"
+    check_edit(tiny_qwen.tokenizer.decode(got.tokens[:-1]))
+    assert spec.stats.accepted > (8 if echo else 0), "grammar-forced keys (and the echoed example) are drafts"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fenced_sampled_output_is_always_valid(runner, tiny_qwen, compiler, seed) -> None:
+    example = encode(EDIT_EXAMPLE)
+    prompt = encode("Emit the edit as JSON, like ") + example + encode(":\n")
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, seed=seed)
+    gaps = (example[4], example[9])  # the path and the number are the model's (random) choice
+    with echo_model(tiny_qwen.model, example, gaps=gaps) if seed % 2 else nullcontext():
+        got, spec = speculative(runner, prompt, 80, sampling, fence=compiler.compile(EDIT_GRAMMAR))
+    assert got.ending == "stop"
+    check_edit(tiny_qwen.tokenizer.decode(got.tokens[:-1]))
+    assert spec.stats.accepted > 0
+
+
+def test_seeded_speculative_sampling_is_reproducible(runner) -> None:
+    prompt = encode("Repeat: ") + encode(FILE) * 2
+    sampling = SamplingConfig(temperature=0.8, top_k=20, seed=7)
+    first, _ = speculative(runner, prompt, 30, sampling)
+    again, _ = speculative(runner, prompt, 30, sampling)
+    assert first == again
+
+
+def check_edit(text: str) -> None:
+    value = json.loads(text)
+    assert set(value) == {"path", "line", "mode"} and value["mode"] in ("replace", "append")
+    assert isinstance(value["path"], str) and len(value["path"]) <= 12
+    assert type(value["line"]) is int and value["line"] <= 99
+
+
+# ---------------------------------------------------------------------------------------------- distribution
+
+CONFIGS = [SamplingConfig(0.7, seed=1), SamplingConfig(1.0, top_k=4, seed=2), SamplingConfig(1.3, top_p=0.8, seed=3)]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_sampling_probs_is_what_the_sampler_draws(config) -> None:
+    logits = torch.randn(12, generator=torch.Generator().manual_seed(5)) * 2
+    sampler, draws = Sampler(config), 6000
+    counts = torch.bincount(torch.tensor([sampler(logits).item() for _ in range(draws)]), minlength=12)
+    assert torch.allclose(counts / draws, sampling_probs(logits, config), atol=0.025)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_accept_reject_emits_tokens_distributed_as_p(config) -> None:
+    """Two draft positions on fixed rows: the first emitted token follows p0 whatever the draft, and given the
+    first draft token was accepted the second follows p1. Draft tokens likely, unlikely and outside top-k/p."""
+    rows = torch.randn(2, 12, generator=torch.Generator().manual_seed(11)) * 2
+    rows[:, 3] = float("-inf")  # a fence-masked token
+    p0, p1 = sampling_probs(rows[0], config), sampling_probs(rows[1], config)
+    generator = torch.Generator().manual_seed(config.seed)
+    for draft in ([int(p0.argmax()), int(p1.argmin())], [int(p0.argmin()), int(p1.argmax())]):
+        first, second = torch.zeros(12), torch.zeros(12)
+        for _ in range(6000):
+            accepted, residual = sampled_accepts(rows, draft, config, generator)
+            if accepted == 0:
+                first[sample_from(residual, generator).item()] += 1
+                continue
+            first[draft[0]] += 1
+            second[draft[1] if accepted == 2 else sample_from(residual, generator).item()] += 1
+        assert torch.allclose(first / first.sum(), p0, atol=0.025)
+        assert first[3] == 0 and second[3] == 0
+        if second.sum() > 2000:
+            assert torch.allclose(second / second.sum(), p1, atol=0.035)
+
+
+
+class ConstantModel:
+    """A runner whose logits are the same row at every position, over a cache that only counts tokens: every
+    emitted token must then be an independent draw from that row's p, whatever was drafted or rejected."""
+
+    def __init__(self, row: torch.Tensor):
+        self.row = row
+
+    def verify(self, token_ids, cache) -> torch.Tensor:
+        cache.length += len(token_ids)
+        return self.row.repeat(len(token_ids), 1)
+
+    def decode(self, token, cache) -> torch.Tensor:
+        return self.verify([token.item()], cache)[0]
+
+
+class CountingCache:
+    length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length += tokens_to_remove
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_speculative_steps_emit_tokens_distributed_as_p(config) -> None:
+    row = torch.randn(12, generator=torch.Generator().manual_seed(3)) * 2
+    p, favourite = sampling_probs(row, config), int(row.argmax())
+    spec = SpeculativeStep(ConstantModel(row), Sampler(config), [favourite] * 4, SpeculationConfig(max_draft=4))
+    cache, emitted = CountingCache(), []
+    while len(emitted) < 8000:
+        emitted += spec.step(row.clone(), cache, remaining=100).tokens
+    assert spec.stats.accepted > 1000 and spec.stats.accepted < spec.stats.drafted
+    frequencies = torch.bincount(torch.tensor(emitted), minlength=12) / len(emitted)
+    assert torch.allclose(frequencies, p, atol=0.02)

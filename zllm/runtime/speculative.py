@@ -1,0 +1,242 @@
+"""Speculative decoding with a model-free drafter (prompt lookup), exact under the fence and the loop guard.
+
+One step, for one request (a batch row later) whose cache holds prompt + every emitted token and whose
+`logits` are the distribution for the next token — the engine loop's state between plain steps:
+
+    first  = sample(logits)                      ban + fence, as a plain step; or the residual of a rejection
+    draft  = forced tokens of the grammar after `first`, then prompt lookup: the longest recent n-gram of
+             prompt + output (n = max_ngram .. min_ngram) seen earlier → the tokens that followed it there
+             (cut at a stop token, at the fence-valid prefix, before a position where the loop guard would ban)
+    rows   = runner.verify([first, *draft])     one forward, logits after each fed token: [1 + k, vocab]
+    accept = leading draft tokens the model agrees with (engine/verify.py: argmax, or accept/reject),
+             each row masked by the fence probe's mask at that position
+    crop the cache to (length before + 1 + accepted): rejected drafts leave nothing behind
+    return tokens [first, *draft[:accepted]] and rows[accepted], the logits for the token after them
+
+The loop then feeds the returned tokens one by one through its usual output path (generated, fence.advance,
+output.accept, loop guard) and, when one of them ends the request, crops the cache to prompt + emitted − 1
+(the plain loop never feeds the ending token). A step emits 1..k+1 tokens per forward, as many as a
+"accepted + correction token" formulation, but the token after the accepted run is drawn at the start of the
+next step from `rows[accepted]` — by the real fence and loop guard, with nothing to undo. When sampling, a
+rejection leaves its residual distribution (p without the draft token) for that draw, which keeps every
+emitted token distributed exactly as the plain path's.
+
+With no draft (nothing matched, or one token of budget left) a step is a plain decode step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from zllm.engine.kv_layers import crop_to, croppable
+from zllm.engine.runner import ModelRunner
+from zllm.engine.sampler import Sampler
+from zllm.engine.verify import greedy_accepts, sample_from, sampled_accepts
+from zllm.runtime.fence import Fence, sample_fenced
+from zllm.runtime.fence_mask import mask_logits
+from zllm.runtime.loop_guard import LoopGuard
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    max_draft: int = 8  # k: draft tokens verified per forward at most
+    max_ngram: int = 3  # longest suffix n-gram looked up
+    min_ngram: int = 1  # shortest (1: any earlier occurrence of the last token)
+
+    def __post_init__(self) -> None:
+        assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram
+
+
+class PromptLookup:
+    """The drafter: an index of every n-gram (n ≤ max_ngram) of prompt + output → where its latest earlier
+    occurrence was followed. O(max_ngram) per token to extend and to look up, whatever the length.
+
+        tokens:  a b c d a b  →  propose(2) matches the suffix "a b" (n = 2) at 0..1 → draft [c, d]
+
+    The n-grams ending at the last token are indexed only when the next token arrives, so a lookup never
+    finds the suffix itself."""
+
+    def __init__(self, tokens: Iterable[int] = (), *, max_ngram: int = 3, min_ngram: int = 1):
+        assert 1 <= min_ngram <= max_ngram
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._tokens: list[int] = []
+        self._follows: dict[tuple[int, ...], int] = {}  # n-gram → index of the token that followed it last
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        sequence, follows = self._tokens, self._follows
+        for token_id in tokens:
+            end = len(sequence)
+            for n in range(1, min(self.max_ngram, end) + 1):  # n-grams ending at the current last token
+                follows[tuple(sequence[end - n:end])] = end
+            sequence.append(token_id)
+
+    def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]:
+        """Up to `limit` tokens that followed the longest matching suffix of tokens + `tail` (tail: tokens
+        already chosen for this step, not part of the sequence yet). Empty when nothing matches."""
+        if limit <= 0:
+            return []
+        recent = [*self._tokens[-self.max_ngram:], *tail]
+        for n in range(min(self.max_ngram, len(recent)), self.min_ngram - 1, -1):
+            start = self._follows.get(tuple(recent[-n:]))
+            if start is not None:
+                draft = self._tokens[start:start + limit]
+                return draft + list(tail[:limit - len(draft)])  # a match running into the tail continues in it
+        return []
+
+
+@dataclass
+class SpeculationStats:
+    steps: int = 0  # forwards run by `step` (drafted or not)
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+    emitted: int = 0  # tokens returned (accepted drafts + one per step)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class SpeculativeRun:
+    tokens: list[int]  # to emit in order: the step's sampled token, then the accepted draft
+    # logits for the token after the last one ([vocab]); None when no forward ran (the first token ends the
+    # request: a stop token, or the last token of the budget), so the cache holds all tokens but the last
+    logits: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class SpeculativeStep:
+    """One request's speculative decoder. Holds the drafter's index over prompt + output and, after a sampled
+    rejection, the residual distribution the next token must come from. Engine thread only."""
+
+    runner: ModelRunner
+    sampler: Sampler  # the request's sampler: its settings and its seeded stream
+    prompt_ids: Sequence[int]
+    config: SpeculationConfig = field(default_factory=SpeculationConfig)
+    # the ids the loop's output path ends the request on (model + request stop tokens), never drafted past
+    stop_token_ids: frozenset[int] = frozenset()
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+    lookup: PromptLookup = field(init=False)
+    _residual: torch.Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.lookup = PromptLookup(self.prompt_ids, max_ngram=self.config.max_ngram,
+                                   min_ngram=self.config.min_ngram)
+
+    def step(self, logits: torch.Tensor, cache: DynamicCache, *, remaining: int, fence: Fence | None = None,
+             loop_guard: LoopGuard | None = None) -> SpeculativeRun:
+        """Sample the next token from `logits`, draft after it, verify, and return what to emit.
+
+        `cache` holds prompt + every emitted token; `remaining` is the token budget left (≥ 1); `fence` and
+        `loop_guard` are the request's real ones: this step moves neither (the loop advances them as it
+        emits), it works on probes. The cache afterwards holds every returned token."""
+        assert remaining >= 1, "the loop ends a request when its budget is spent"
+        first = self._sample_first(logits, fence, loop_guard)  # [1, 1]
+        first_id = first.item()  # the step's one host sync before the forward
+        if remaining == 1 or first_id in self.stop_token_ids:
+            self.lookup.extend([first_id])
+            self.stats.emitted += 1
+            return SpeculativeRun([first_id], None)
+        draft, masks = self._draft(first_id, fence, loop_guard, min(self.config.max_draft, remaining - 1))
+        held = cache.get_seq_length()
+        if draft:
+            rows = self.runner.verify([first_id, *draft], cache)  # [1 + len(draft), vocab]
+        else:
+            rows = self.runner.decode(first, cache).unsqueeze(0)  # [1, vocab]
+        accepted = self._accept(rows[:len(draft)], draft, masks)
+        crop_to(cache, held + 1 + accepted)
+        tokens = [first_id, *draft[:accepted]]
+        self.lookup.extend(tokens)
+        self._count(len(draft), accepted)
+        return SpeculativeRun(tokens, rows[accepted])
+
+    # ------------------------------------------------------------------ sampling the first token
+
+    def _sample_first(self, logits: torch.Tensor, fence: Fence | None, guard: LoopGuard | None) -> torch.Tensor:
+        if self._residual is not None:
+            # the previous step rejected a draft token at this position: draw from p without it. The fence
+            # mask is already in it; the loop guard had no loop here (drafts stop before one), so no ban.
+            probs, self._residual = self._residual, None
+            assert guard is None or guard.next_banned() is None, "drafts stop before a loop-guard ban"
+            return sample_from(probs, self.sampler.generator)
+        if guard is not None:
+            guard.ban(logits, fence)
+        return sample_fenced(self.sampler, logits, fence)
+
+    # ------------------------------------------------------------------ drafting
+
+    def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
+               limit: int) -> tuple[list[int], torch.Tensor | None]:
+        """The draft after `first_id`, and the fence's mask at each draft position ([len(draft), words])."""
+        probe = None
+        forced: list[int] = []
+        if fence is not None:
+            probe = fence.clone()
+            probe.advance(first_id)
+            forced = probe.forced_tokens()[:limit]  # free draft tokens: the grammar allows nothing else
+        draft = forced + self.lookup.propose(limit - len(forced), tail=[first_id, *forced])
+        draft = _through_first_stop(draft, self.stop_token_ids)
+        draft = draft[:_loop_free_length(guard, first_id, draft)]
+        if probe is None or not draft:
+            return draft, None
+        masks = probe.draft_masks(draft)  # [valid + 1, words]: rows past a forbidden token are missing
+        draft = draft[:masks.shape[0] - 1]  # a forbidden token would be rejected anyway: do not verify it
+        return draft, masks[:len(draft)]
+
+    # ------------------------------------------------------------------ verifying
+
+    def _accept(self, rows: torch.Tensor, draft: list[int], masks: torch.Tensor | None) -> int:
+        """rows: [len(draft), vocab], row i deciding draft[i]. Masked in place: row `accepted` becomes the
+        next step's logits, and the mask it gets is the one the real fence applies there anyway."""
+        if not draft:
+            return 0
+        if masks is not None:
+            mask_logits(rows, masks)
+        if self.sampler.generator is None:
+            return greedy_accepts(rows, draft)
+        accepted, self._residual = sampled_accepts(rows, draft, self.sampler.config, self.sampler.generator)
+        return accepted
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        stats = self.stats
+        stats.steps += 1
+        stats.drafted += drafted
+        stats.accepted += accepted
+        stats.emitted += 1 + accepted
+
+
+def can_speculate(cache: DynamicCache) -> bool:
+    """Whether rejected drafts can be cropped out of this cache (full-attention layers only)."""
+    return croppable(cache)
+
+
+def _through_first_stop(draft: list[int], stop_token_ids: frozenset[int]) -> list[int]:
+    """Nothing after a stop token is ever emitted: drafting past one only wastes the forward."""
+    for position, token_id in enumerate(draft):
+        if token_id in stop_token_ids:
+            return draft[:position + 1]
+    return draft
+
+
+def _loop_free_length(guard: LoopGuard | None, first_id: int, draft: list[int]) -> int:
+    """How many draft tokens can be checked without the loop guard: the draft stops before the first position
+    where the guard (having seen `first_id` and the draft so far) would ban a token. That position's token is
+    then drawn by the next step, with the real guard's ban, exactly as the plain loop draws it."""
+    if guard is None or not draft:
+        return len(draft)
+    probe = copy.deepcopy(guard)
+    probe.observe(first_id)
+    for position, token_id in enumerate(draft):
+        if probe.next_banned() is not None:
+            return position
+        probe.observe(token_id)
+    return len(draft)
