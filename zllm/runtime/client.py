@@ -211,8 +211,7 @@ class LocalEngineClient:
         """Render the prompt and compile the request's fence (off the event loop: both take milliseconds).
         A grammar llguidance rejects (an unsupported schema) fails here, before anything streams."""
         prompt = self.renderer.render(request)
-        spec = FenceSpec(tools=request.tools if request.tool_choice.mode != "none" or request.tools else (),
-                         choice=request.tool_choice, thinking=self.renderer.thinking(request),
+        spec = FenceSpec(tools=request.tools, choice=request.tool_choice, thinking=self.renderer.thinking(request),
                          response_schema=request.response_format.schema if request.response_format else None)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
         return prompt, (self.fences.compile(grammar) if grammar is not None else None)

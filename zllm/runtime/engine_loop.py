@@ -4,8 +4,9 @@
     ─────────────────────────                   ─────────────────────────
     submit(): render prompt, admit  ──queue──▶  take one EngineRequest
                                                 prefill into a fresh per-request KV cache
-    per-request asyncio.Queue  ◀──call_soon_──  step(): sample → detokenize/stop → emit → decode forward
-    (RequestStream iterates it)    threadsafe   ... until an Ending, abort or error → exactly one Finished
+    per-request asyncio.Queue  ◀──call_soon_──  step(): loop-guard ban → fenced sample → fence.advance →
+    (RequestStream iterates it)    threadsafe          detokenize/stop → dialect parser → emit → decode forward
+                                                ... until an Ending, abort, loop or error → exactly one Finished
 
 Prefix cache (zllm/kvcache): admission looks the prompt up (device tier, then SSD) and prefills only the
 suffix into a working cache over pooled buffers; after the request ends — finished or aborted, not failed —
