@@ -1,17 +1,21 @@
 """Plain vs prompt-lookup speculative decode on an echo-heavy agent turn, side by side in one run (PERF.md P4).
 
-    .venv/bin/python bench/speculative.py [MODEL_DIR] [--threads 1] [--new-tokens 160] [--draft 8] [--repeats 2]
+    .venv/bin/python bench/speculative.py [MODEL_DIR] [--threads 1] [--new-tokens 160] [--turns echo,free]
 
-The turn asks the model to repeat a file from its prompt with one edit — what an agent does when it rewrites a
-file it was shown; SmolLM2-135M copies such text. Both sides run greedy from the same prefilled prompt with the
-model's EOS ignored (exactly --new-tokens tokens), through the engine's own pieces: the plain side is the engine
-loop's step (sample, decode), the speculative side `SpeculativeStep`. Runs are interleaved, the best of
---repeats kept; prefill is outside the timed part. The speculative output must equal the plain output token for
-token (greedy exactness), or the script fails.
+The echo turn asks the model to repeat a file from its prompt with one edit — what an agent does when it
+rewrites a file it was shown; SmolLM2-135M copies such text. The free turn (a story) has nothing to copy: it
+shows what speculation costs when drafts fail (the drafter backs off).
+
+Both sides run greedy from the same prefilled prompt with the model's EOS ignored (exactly --new-tokens
+tokens), through the engine's own pieces: the plain side is the engine loop's step (sample, decode), the
+speculative side `SpeculativeStep`. Runs are interleaved, the best of --repeats kept; prefill is outside the
+timed part. On a CPU in fp32 the speculative output must equal the plain output token for token (greedy
+exactness), or the script fails; elsewhere `same_prefix` says how far they agree (bf16 kernels may round a
+k-row forward differently from a 1-row one).
 
 One JSON line per figure:
-    {"bench": "speculative", "figure": "decode_tok_s", "turn": args.turn, "plain": .., "speculative": .., "ratio": ..,
-     "acceptance": .., "tokens_per_forward": .., "identical": true, ...}
+    {"bench": "speculative", "figure": "decode_tok_s", "turn": "echo", "plain": .., "speculative": ..,
+     "ratio": .., "acceptance": .., "tokens_per_forward": .., "identical": true, ...}
 """
 
 from __future__ import annotations
@@ -67,11 +71,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--new-tokens", type=int, default=160)
-    parser.add_argument("--draft", type=int, default=SpeculationConfig.max_draft, help="k: draft tokens per verify forward")
+    parser.add_argument("--draft", type=int, default=SpeculationConfig.max_draft, help="k: tokens per verify")
     parser.add_argument("--min-ngram", type=int, default=SpeculationConfig.min_ngram)
     parser.add_argument("--max-ngram", type=int, default=SpeculationConfig.max_ngram)
+    parser.add_argument("--max-backoff", type=int, default=SpeculationConfig.max_backoff)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--turn", choices=("echo", "free"), default="echo",
+    parser.add_argument("--turns", default="echo,free",
                         help="echo: rewrite a file from the prompt (the P4 figure); free: a story (no echo)")
     return parser.parse_args()
 
@@ -92,6 +97,7 @@ def plain_decode(runner: ModelRunner, prompt: list[int], new_tokens: int) -> tup
         if len(tokens) == new_tokens:
             break
         logits = runner.decode(token, cache)
+    _synchronize(runner)
     return tokens, time.perf_counter() - start, new_tokens - 1
 
 
@@ -105,38 +111,56 @@ def speculative_decode(runner: ModelRunner, prompt: list[int], new_tokens: int,
         run = spec.step(logits, cache, remaining=new_tokens - len(tokens))
         tokens += run.tokens
         logits = run.logits
+    _synchronize(runner)
     return tokens, time.perf_counter() - start, spec.stats.steps, spec
+
+
+def _synchronize(runner: ModelRunner) -> None:
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(runner: ModelRunner, prompt: list[int], new_tokens: int, config: SpeculationConfig,
+            repeats: int) -> dict:
+    best = {"plain": float("inf"), "speculative": float("inf")}
+    plain_decode(runner, prompt, 8)  # warm-up: allocator, kernels, lazy inits
+    speculative_decode(runner, prompt, 8, config)
+    for _ in range(repeats):  # interleaved: machine noise hits both alike
+        want, elapsed, plain_forwards = plain_decode(runner, prompt, new_tokens)
+        best["plain"] = min(best["plain"], elapsed)
+        got, elapsed, spec_forwards, spec = speculative_decode(runner, prompt, new_tokens, config)
+        best["speculative"] = min(best["speculative"], elapsed)
+    rates = {side: new_tokens / seconds for side, seconds in best.items()}
+    same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+    return {**{side: round(rate, 2) for side, rate in rates.items()},
+            "ratio": round(rates["speculative"] / rates["plain"], 3), "acceptance": round(spec.stats.acceptance, 3),
+            "tokens_per_forward": round(new_tokens / max(spec_forwards, 1), 2),
+            "forwards": {"plain": plain_forwards, "speculative": spec_forwards},
+            "identical": got == want, "same_prefix": same, "text": got}
 
 
 def main() -> None:
     args = parse_args()
     loaded = load_model(args.model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
-    runner = ModelRunner(loaded.model)
-    request = ChatRequest(id="bench", model="bench", messages=(Message("user", TURNS[args.turn]),))
-    prompt = list(PromptRenderer(loaded.tokenizer).render(request).token_ids)
-    config = SpeculationConfig(max_draft=args.draft, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
-    best = {"plain": float("inf"), "speculative": float("inf")}
-    with torch.inference_mode():
-        plain_decode(runner, prompt, 8)  # warm-up: allocator, kernels, lazy inits
-        speculative_decode(runner, prompt, 8, config)
-        for _ in range(args.repeats):  # interleaved: machine noise hits both alike
-            want, elapsed, plain_forwards = plain_decode(runner, prompt, args.new_tokens)
-            best["plain"] = min(best["plain"], elapsed)
-            got, elapsed, spec_forwards, spec = speculative_decode(runner, prompt, args.new_tokens, config)
-            best["speculative"] = min(best["speculative"], elapsed)
-    rates = {side: args.new_tokens / seconds for side, seconds in best.items()}
-    line = {"bench": "speculative", "figure": "decode_tok_s", "turn": args.turn, **{k: round(v, 2) for k, v in rates.items()},
-            "ratio": round(rates["speculative"] / rates["plain"], 3), "acceptance": round(spec.stats.acceptance, 3),
-            "tokens_per_forward": round(args.new_tokens / max(spec_forwards, 1), 2),
-            "forwards": {"plain": plain_forwards, "speculative": spec_forwards}, "identical": got == want,
-            "model": args.model_dir.name, "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-            "draft": args.draft, "ngram": [args.min_ngram, args.max_ngram], "new_tokens": args.new_tokens,
-            "prompt_tokens": len(prompt), "repeats": args.repeats}
-    print(json.dumps(line), flush=True)
-    print(loaded.tokenizer.decode(got), file=sys.stderr)  # for people: what the turn produced
-    if got != want:
-        sys.exit("error: speculative greedy output differs from the plain output")
+    runner, renderer = ModelRunner(loaded.model), PromptRenderer(loaded.tokenizer)
+    config = SpeculationConfig(max_draft=args.draft, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                               max_backoff=args.max_backoff)
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    facts = {"model": args.model_dir.name, "device": str(loaded.device), "dtype": dtype,
+             "threads": torch.get_num_threads(), "draft": args.draft, "ngram": [args.min_ngram, args.max_ngram],
+             "max_backoff": args.max_backoff, "new_tokens": args.new_tokens, "repeats": args.repeats}
+    exact = loaded.device.type == "cpu" and dtype == "float32"  # bf16 kernels may differ between 1 and k rows
+    for turn in args.turns.split(","):
+        request = ChatRequest(id="bench", model="bench", messages=(Message("user", TURNS[turn]),))
+        prompt = list(renderer.render(request).token_ids)
+        with torch.inference_mode():
+            figures = measure(runner, prompt, args.new_tokens, config, args.repeats)
+        text = loaded.tokenizer.decode(figures.pop("text"))
+        print(json.dumps({"bench": "speculative", "figure": "decode_tok_s", "turn": turn, **figures, **facts,
+                          "prompt_tokens": len(prompt)}), flush=True)
+        print(f"--- {turn} turn output:\n{text}", file=sys.stderr)  # for people: what the turn produced
+        if exact and not figures["identical"]:
+            sys.exit(f"error: speculative greedy output differs from the plain one at token {figures['same_prefix']}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class Settings:
     max_queue: int = 64
     # tool dialect: "auto" (chosen from the tokenizer) or hermes / qwen3 / glm45 / deepseek-v3.2 / deepseek-v4
     dialect: str = "auto"
+    # prompt-lookup speculative decoding: drafts from the prompt and output, verified in one forward (exact)
+    speculative: bool = False
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
     state_dir: Path = field(default_factory=_default_state_dir)

@@ -31,6 +31,7 @@ def serve(
     ssd_cache: bool = typer.Option(None, "--ssd-cache/--no-ssd-cache", help="Keep prefix cache snapshots on disk across restarts. [env: ZLLM_SSD_CACHE; default: on]"),
     ssd_cache_mb: int = typer.Option(None, "--ssd-cache-mb", help="Disk for prefix cache snapshots, 0 = min(10 GiB, half the free disk). [env: ZLLM_SSD_CACHE_MB]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
+    speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
     dialect: str = typer.Option(None, "--dialect", help="Tool dialect: auto (from the tokenizer), hermes, qwen3, glm45, deepseek-v3.2 or deepseek-v4. [env: ZLLM_DIALECT; default: auto]"),
 ) -> None:
     """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
@@ -45,7 +46,7 @@ def serve(
             responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
             responses_max_age_days=responses_max_age_days,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
-            cache_dir=cache_dir, dialect=dialect,
+            cache_dir=cache_dir, dialect=dialect, speculative=speculative,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -42,6 +42,7 @@ from zllm.runtime.prefix import (
     served_model_key,
 )
 from zllm.runtime.report import RequestReport
+from zllm.runtime.speculative import SpeculationConfig
 
 
 class LocalRequestStream:
@@ -79,7 +80,8 @@ class LocalRequestStream:
 class LocalEngineClient:
     def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
-                 observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None):
+                 observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None,
+                 speculative: bool = False):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
         turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
         engine thread (it must only hand off, e.g. TraceHub.publish). `dialect` names the tool dialect
@@ -88,6 +90,7 @@ class LocalEngineClient:
         self.model_name = model_name
         self.created = created
         self.max_queue = max_queue
+        self.speculation = SpeculationConfig() if speculative else None
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
         self.stop_token_ids = model_stop_token_ids(
             loaded.tokenizer,
@@ -133,6 +136,7 @@ class LocalEngineClient:
             prefix_cache=settings.cache_rounds > 0,
             observer=observer,
             dialect=settings.dialect,
+            speculative=settings.speculative,
         )
 
     @property
@@ -180,6 +184,7 @@ class LocalEngineClient:
                                        new_call_id=new_tool_call_id),
             fence=fence,
             loop_guard=LoopGuard(),
+            speculation=self.speculation,
             dialect=self.dialect.name,
             fence_label=fence_label(request) if fence is not None else "off",
         )

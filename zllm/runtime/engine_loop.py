@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects import StreamParser
-from zllm.engine.kv_layers import cache_buffers, cache_state
+from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to
 from zllm.engine.loader import apply_threads
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
@@ -43,6 +43,7 @@ from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.report import RequestReport
+from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep, can_speculate
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
@@ -81,6 +82,8 @@ class EngineRequest:
     # the token fence (None: unconstrained) and the loop guard; per-request state, owned by the engine thread
     fence: Fence | None = None
     loop_guard: LoopGuard | None = None
+    # prompt-lookup speculative decoding (None: off); off by itself for models whose cache cannot be cropped
+    speculation: SpeculationConfig | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -115,6 +118,7 @@ class ActiveRequest:
     prefilled_at: float | None = None
     first_output_at: float | None = None
     fence_events: list[str] = field(default_factory=list)  # notable fence / loop-guard events, for traces
+    speculative: SpeculativeStep | None = None  # the request's drafter and verifier when it speculates
 
     @property
     def cached_tokens(self) -> int:
@@ -252,6 +256,7 @@ class EngineLoop:
                 lease=lease,
             )
             active.looked_up_at = time.perf_counter()
+            active.speculative = self._speculative_step(active)
             if not request.aborted.is_set():
                 self._prefill(active)
                 self._observe(request_report("started", request, active))
@@ -291,12 +296,37 @@ class EngineLoop:
         """One decode round: sample, stream its text, run the next forward. Returns Finished at the end."""
         if active.request.aborted.is_set():
             return active.finished(FinishReason.ABORT)
+        if active.speculative is not None:
+            return self._speculative_round(active)
         request = active.request
         if request.loop_guard is not None:
             request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
         # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
         token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] on the device
-        token_id = token.item()  # the one host sync per token
+        if (finished := self._emit(active, token.item())) is not None:  # the one host sync per token
+            return finished
+        active.logits = self.runner.decode(token, active.cache)
+        return None
+
+    def _speculative_round(self, active: ActiveRequest) -> Finished | None:
+        """One verify forward (runtime/speculative.py) emits 1..k+1 tokens, each streamed as a plain step's."""
+        request = active.request
+        run = active.speculative.step(active.logits, active.cache, fence=request.fence, loop_guard=request.loop_guard,
+                                      remaining=request.max_tokens - active.output.completion_tokens)
+        for token_id in run.tokens:
+            if (finished := self._emit(active, token_id)) is not None:
+                # tokens after the ending were fed forward: keep what a plain loop's cache holds (prompt and
+                # every emitted token but the last), which is what terminal_sequence() hands the prefix cache
+                crop_to(active.cache, len(request.prompt_ids) + len(active.generated) - 1)
+                return finished
+        assert run.logits is not None, "a run without a forward ends the request (stop token or last token)"
+        active.logits = run.logits
+        return None
+
+    def _emit(self, active: ActiveRequest, token_id: int) -> Finished | None:
+        """Everything after sampling one token: record it, advance the fence, stream its events, end the request
+        on a stop, the budget or a loop. Returns Finished when the request is over."""
+        request = active.request
         active.generated.append(token_id)
         if request.fence is not None:
             request.fence.advance(token_id)
@@ -311,8 +341,18 @@ class EngineLoop:
             return active.finished(FinishReason.REPETITION)
         if ending is not None:
             return active.finished(ending.reason, ending.stop_sequence)
-        active.logits = self.runner.decode(token, active.cache)
         return None
+
+    def _speculative_step(self, active: ActiveRequest) -> SpeculativeStep | None:
+        request = active.request
+        if request.speculation is None or not can_speculate(active.cache):
+            return None
+        return SpeculativeStep(self.runner, active.sampler, request.prompt_ids, request.speculation,
+                               stop_token_ids=self._stop_ids(request))
+
+    def _stop_ids(self, request: EngineRequest) -> frozenset[int]:
+        """Every token id the output path ends a request on (see StopTokens)."""
+        return (self._model_stop_ids if request.use_model_stop_tokens else frozenset()) | request.stop_token_ids
 
     @staticmethod
     def _loops(active: ActiveRequest, token_id: int, events: list[Event]) -> bool:

@@ -21,7 +21,8 @@ next step from `rows[accepted]` — by the real fence and loop guard, with nothi
 rejection leaves its residual distribution (p without the draft token) for that draw, which keeps every
 emitted token distributed exactly as the plain path's.
 
-With no draft (nothing matched, or one token of budget left) a step is a plain decode step.
+With no draft (nothing matched, or backing off after drafts that failed) a step is a plain decode step; when
+the sampled token is a stop token or the budget's last, no forward runs at all (`SpeculativeRun.logits` None).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -44,53 +46,75 @@ from zllm.runtime.loop_guard import LoopGuard
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    max_draft: int = 8  # k: draft tokens verified per forward at most
-    max_ngram: int = 3  # longest suffix n-gram looked up
-    min_ngram: int = 1  # shortest (1: any earlier occurrence of the last token)
+    # defaults from bench/speculative.py on a CPU (SmolLM2-135M, fp32): a 13-token verify costs ~2.4x a decode
+    # step and a 2-token one already ~1.6x, so drafts are long and only drafted from a 3-gram match or longer
+    # (a 1-gram "match" is right too rarely to pay for its forward on text that is not an echo)
+    max_draft: int = 12  # k: draft tokens verified per forward at most
+    max_ngram: int = 5  # longest suffix n-gram looked up
+    min_ngram: int = 3  # shortest (1: any earlier occurrence of the last token)
+    # after a draft whose first token is rejected, plain steps before the next draft: 1, 2, 4 .. max_backoff
+    # for consecutive failures (0: always draft). A verify forward over k + 1 tokens costs ~2x a decode step
+    # on a CPU (matrix-vector becomes matrix-matrix), so drafting on text that is not an echo must back off.
+    max_backoff: int = 16
 
     def __post_init__(self) -> None:
-        assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram
+        assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram and self.max_backoff >= 0
 
 
 class PromptLookup:
-    """The drafter: an index of every n-gram (n ≤ max_ngram) of prompt + output → where its latest earlier
-    occurrence was followed. O(max_ngram) per token to extend and to look up, whatever the length.
+    """The drafter: find the longest suffix n-gram (n = max_ngram .. min_ngram) of prompt + output that occurred
+    earlier, and propose the tokens that followed its latest occurrence.
 
         tokens:  a b c d a b  →  propose(2) matches the suffix "a b" (n = 2) at 0..1 → draft [c, d]
 
-    The n-grams ending at the last token are indexed only when the next token arrives, so a lookup never
-    finds the suffix itself."""
+    A vectorized scan per lookup, no index: one comparison of the last token against the whole sequence
+    (~20 µs at 30K tokens) finds the 1-gram hits, each longer n-gram keeps the hits whose previous token
+    matches too. Nothing to build at admission, 4 bytes per token."""
 
     def __init__(self, tokens: Iterable[int] = (), *, max_ngram: int = 3, min_ngram: int = 1):
         assert 1 <= min_ngram <= max_ngram
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._tokens: list[int] = []
-        self._follows: dict[tuple[int, ...], int] = {}  # n-gram → index of the token that followed it last
+        self._buffer = np.empty(256, dtype=np.int32)  # token ids; the first `_length` are the sequence
+        self._length = 0
         self.extend(tokens)
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return self._length
 
     def extend(self, tokens: Iterable[int]) -> None:
-        sequence, follows = self._tokens, self._follows
-        for token_id in tokens:
-            end = len(sequence)
-            for n in range(1, min(self.max_ngram, end) + 1):  # n-grams ending at the current last token
-                follows[tuple(sequence[end - n:end])] = end
-            sequence.append(token_id)
+        new = np.fromiter(tokens, dtype=np.int32)
+        needed = self._length + len(new)
+        if needed > len(self._buffer):
+            grown = np.empty(max(needed, 2 * len(self._buffer)), dtype=np.int32)
+            grown[:self._length] = self._buffer[:self._length]
+            self._buffer = grown
+        self._buffer[self._length:needed] = new
+        self._length = needed
 
     def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]:
         """Up to `limit` tokens that followed the longest matching suffix of tokens + `tail` (tail: tokens
         already chosen for this step, not part of the sequence yet). Empty when nothing matches."""
-        if limit <= 0:
+        # an earlier occurrence ends before the suffix's own last token, so inside the sequence, at last_end or
+        # before (the sequence's last token is the suffix's own unless a tail follows it)
+        last_end = self._length - 1 if tail else self._length - 2
+        if limit <= 0 or last_end < 0:
             return []
-        recent = [*self._tokens[-self.max_ngram:], *tail]
-        for n in range(min(self.max_ngram, len(recent)), self.min_ngram - 1, -1):
-            start = self._follows.get(tuple(recent[-n:]))
-            if start is not None:
-                draft = self._tokens[start:start + limit]
-                return draft + list(tail[:limit - len(draft)])  # a match running into the tail continues in it
-        return []
+        sequence = self._buffer[:self._length]
+        recent = [*sequence[-self.max_ngram:].tolist(), *tail]
+        ends = np.flatnonzero(sequence[:last_end + 1] == recent[-1])  # 1-gram hits, ascending
+        best = ends if self.min_ngram == 1 else None
+        for n in range(2, min(self.max_ngram, len(recent)) + 1):
+            ends = ends[ends >= n - 1]
+            ends = ends[sequence[ends - (n - 1)] == recent[-n]]
+            if not len(ends):
+                break
+            if n >= self.min_ngram:
+                best = ends
+        if best is None or not len(best):
+            return []
+        start = int(best[-1]) + 1  # the latest occurrence: nearer text is likelier to be what is echoed
+        draft = sequence[start:start + limit].tolist()
+        return draft + list(tail[:limit - len(draft)])  # a match running into the tail continues in it
 
 
 @dataclass
@@ -115,7 +139,7 @@ class SpeculativeRun:
 
 @dataclass(eq=False)
 class SpeculativeStep:
-    """One request's speculative decoder. Holds the drafter's index over prompt + output and, after a sampled
+    """One request's speculative decoder. Holds the drafter over prompt + output and, after a sampled
     rejection, the residual distribution the next token must come from. Engine thread only."""
 
     runner: ModelRunner
@@ -127,6 +151,8 @@ class SpeculativeStep:
     stats: SpeculationStats = field(default_factory=SpeculationStats)
     lookup: PromptLookup = field(init=False)
     _residual: torch.Tensor | None = field(init=False, default=None)
+    _backoff: int = field(init=False, default=0)  # plain steps the last failed draft costs (doubles per failure)
+    _skip: int = field(init=False, default=0)  # plain steps left before drafting again
 
     def __post_init__(self) -> None:
         self.lookup = PromptLookup(self.prompt_ids, max_ngram=self.config.max_ngram,
@@ -146,7 +172,7 @@ class SpeculativeStep:
             self.lookup.extend([first_id])
             self.stats.emitted += 1
             return SpeculativeRun([first_id], None)
-        draft, masks = self._draft(first_id, fence, loop_guard, min(self.config.max_draft, remaining - 1))
+        draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
         held = cache.get_seq_length()
         if draft:
             rows = self.runner.verify([first_id, *draft], cache)  # [1 + len(draft), vocab]
@@ -177,12 +203,16 @@ class SpeculativeStep:
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
                limit: int) -> tuple[list[int], torch.Tensor | None]:
         """The draft after `first_id`, and the fence's mask at each draft position ([len(draft), words])."""
+        if limit <= 0:
+            return [], None
         probe = None
         forced: list[int] = []
         if fence is not None:
             probe = fence.clone()
             probe.advance(first_id)
-            forced = probe.forced_tokens()[:limit]  # free draft tokens: the grammar allows nothing else
+            # text the grammar forces, tokenized canonically: a free draft, verified like any other (the mask
+            # may allow another tokenization of it, which the model may prefer)
+            forced = probe.forced_tokens()[:limit]
         draft = forced + self.lookup.propose(limit - len(forced), tail=[first_id, *forced])
         draft = _through_first_stop(draft, self.stop_token_ids)
         draft = draft[:_loop_free_length(guard, first_id, draft)]
@@ -206,7 +236,18 @@ class SpeculativeStep:
         accepted, self._residual = sampled_accepts(rows, draft, self.sampler.config, self.sampler.generator)
         return accepted
 
+    def _draft_limit(self, remaining: int) -> int:
+        if self._skip:
+            self._skip -= 1
+            return 0
+        return min(self.config.max_draft, remaining - 1)
+
     def _count(self, drafted: int, accepted: int) -> None:
+        if drafted and not accepted:
+            self._backoff = min(max(1, 2 * self._backoff), self.config.max_backoff)
+            self._skip = self._backoff
+        elif accepted:
+            self._backoff = 0
         stats = self.stats
         stats.steps += 1
         stats.drafted += drafted

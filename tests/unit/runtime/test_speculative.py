@@ -4,7 +4,10 @@ tokens after every step, grammar-valid sampled output, and accept/reject drawing
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -12,13 +15,17 @@ import pytest
 import torch
 
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
+from zllm.canonical import Finished
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
 from zllm.engine.kv_layers import crop_to, working_cache
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.engine.verify import sample_from, sampled_accepts, sampling_probs
+from zllm.kvcache import CacheConfig
+from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import FenceCompiler, sample_fenced
 from zllm.runtime.loop_guard import LoopGuard, LoopGuardConfig
+from zllm.runtime.prefix import build_prefix_cache
 from zllm.runtime.speculative import PromptLookup, SpeculationConfig, SpeculativeStep, can_speculate
 
 IM_END, END_OF_TEXT = 151645, 151643
@@ -183,7 +190,7 @@ def test_greedy_output_equals_the_plain_loop(runner, tiny_qwen, case) -> None:
     assert got == want
     assert want.cache_length == len(prompt) + len(want.tokens) - 1
     if gaps is not None:
-        assert spec.stats.accepted >= 30 and spec.stats.steps < 30, "echoed text is accepted in runs"
+        assert spec.stats.accepted >= 20 and spec.stats.steps <= 40, "echoed text is accepted in runs"
         assert spec.stats.accepted < spec.stats.drafted or not gaps, "the model's own tokens reject drafts"
 
 
@@ -353,10 +360,59 @@ class CountingCache:
 def test_speculative_steps_emit_tokens_distributed_as_p(config) -> None:
     row = torch.randn(12, generator=torch.Generator().manual_seed(3)) * 2
     p, favourite = sampling_probs(row, config), int(row.argmax())
-    spec = SpeculativeStep(ConstantModel(row), Sampler(config), [favourite] * 4, SpeculationConfig(max_draft=4))
+    always_draft = SpeculationConfig(max_draft=4, min_ngram=1, max_backoff=0)
+    spec = SpeculativeStep(ConstantModel(row), Sampler(config), [favourite] * 4, always_draft)
     cache, emitted = CountingCache(), []
     while len(emitted) < 8000:
         emitted += spec.step(row.clone(), cache, remaining=100).tokens
     assert spec.stats.accepted > 1000 and spec.stats.accepted < spec.stats.drafted
     frequencies = torch.bincount(torch.tensor(emitted), minlength=12) / len(emitted)
     assert torch.allclose(frequencies, p, atol=0.02)
+
+
+# ---------------------------------------------------------------------------------------------- in the engine loop
+
+PATCHED = "speculation" in {field.name for field in dataclasses.fields(EngineRequest)}
+
+
+@pytest.mark.skipif(not PATCHED, reason="the engine_loop.py integration patch is not applied yet")
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("ending", ["length", "stop"])
+def test_the_engine_loop_streams_the_plain_output_and_keeps_the_plain_cache(tiny_qwen, cached, ending) -> None:
+    """A stop token accepted inside a run: the tokens fed after it are cropped before the cache is kept."""
+    words = encode(" one two three four five six seven eight nine ten eleven twelve") + [IM_END]
+    script = encode(FILE) if ending == "length" else words
+    prompt = encode("Repeat this file exactly:\n") + script + encode("\nHere it is:\n")
+    gaps = (script[5], script[17]) if ending == "length" else ()
+    runs = {}
+    with echo_model(tiny_qwen.model, script, gaps):
+        for speculation in (None, SpeculationConfig(min_ngram=1)):
+            runs[speculation is not None] = engine_run(tiny_qwen, prompt, speculation, cached)
+    assert runs[True] == runs[False]
+    events, kept = runs[True]
+    emitted = events[-1].usage.completion_tokens
+    assert events[-1].reason.value == ending and emitted == (len(script) if ending == "stop" else 50)
+    assert kept is None or len(kept) == len(prompt) + emitted - 1  # prompt + every token but the last, as plain
+
+
+def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
+    runner = ModelRunner(tiny_qwen.model)
+    config = CacheConfig(device_budget_bytes=64 << 20)
+    prefix_cache = build_prefix_cache(tiny_qwen, runner, config) if cached else None
+    engine = EngineLoop(runner, tiny_qwen.tokenizer, STOP_IDS, prefix_cache=prefix_cache)
+    events, done = [], threading.Event()
+
+    def sink(event) -> None:
+        events.append(event)
+        if isinstance(event, Finished):
+            done.set()
+
+    engine.start()
+    engine.submit(EngineRequest(request_id="r", prompt_ids=tuple(prompt), sampling=GREEDY, max_tokens=50, sink=sink,
+                                speculation=speculation))
+    assert done.wait(60)
+    while engine._live:  # the terminal state is kept after the Finished event
+        time.sleep(0.01)
+    kept = prefix_cache.device_tier.entries["r"].node.sequence() if cached else None
+    engine.shutdown()
+    return events, kept
