@@ -13,10 +13,9 @@ the caller passes one (`--dialect`). The request's reasoning switch is resolved 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
+from zllm.canonical import ChatRequest, Message
 from zllm.dialects import Conversation, Dialect
 from zllm.dialects.registry import DialectChoice, TokenizerFacts, choose_dialect
 from zllm.errors import ConfigError, InvalidRequest
@@ -135,41 +134,3 @@ def _default_bos_id(tokenizer) -> int | None:
         return None
     with_specials = tokenizer.encode("a", add_special_tokens=True)
     return bos_id if with_specials[:1] == [bos_id] else None
-
-
-def to_hf_messages(messages: tuple[Message, ...]) -> list[dict]:
-    return [_hf_message(m) for m in messages]
-
-
-def _hf_message(message: Message) -> dict:
-    out: dict = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [_hf_tool_call(call) for call in message.tool_calls]
-    if message.role == "tool":
-        if message.tool_call_id is not None:
-            out["tool_call_id"] = message.tool_call_id
-        if message.name is not None:
-            out["name"] = message.name
-    if message.reasoning is not None:
-        out["reasoning_content"] = message.reasoning  # the key Qwen3 / DeepSeek templates read
-    return out
-
-
-def _hf_tool_call(call: ToolCall) -> dict:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _arguments(call)}}
-
-
-def _arguments(call: ToolCall) -> dict | str:
-    try:
-        parsed = json.loads(call.arguments)
-    except ValueError:
-        return call.arguments
-    return parsed if isinstance(parsed, dict) else call.arguments
-
-
-def to_hf_tools(tools: tuple[FunctionTool, ...]) -> list[dict]:
-    return [
-        {"type": "function",
-         "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-        for t in tools
-    ]

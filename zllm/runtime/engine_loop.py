@@ -352,7 +352,10 @@ class EngineLoop:
 
     def _stop_ids(self, request: EngineRequest) -> frozenset[int]:
         """Every token id the output path ends a request on (see StopTokens)."""
-        return (self._model_stop_ids if request.use_model_stop_tokens else frozenset()) | request.stop_token_ids
+        return self._model_stops(request) | request.stop_token_ids
+
+    def _model_stops(self, request: EngineRequest) -> frozenset[int]:
+        return self._model_stop_ids if request.use_model_stop_tokens else frozenset()
 
     @staticmethod
     def _loops(active: ActiveRequest, token_id: int, events: list[Event]) -> bool:
@@ -368,11 +371,10 @@ class EngineLoop:
         return verdict is not None
 
     def _output_processor(self, request: EngineRequest) -> TurnOutput:
-        model_ids = self._model_stop_ids if request.use_model_stop_tokens else frozenset()
         text_stage = OutputProcessor(
             # special tokens stay in the text (a dialect's <think> may be one); hidden_ids drops control tokens
             detokenizer=IncrementalDetokenizer(self._tokenizer, skip_special_tokens=False),
-            stop_tokens=StopTokens(model_ids, request.stop_token_ids),
+            stop_tokens=StopTokens(self._model_stops(request), request.stop_token_ids),
             stop_strings=request.stop_strings,
             max_tokens=request.max_tokens,
             token_text=lambda token_id: self._token_text([token_id]),

@@ -6,7 +6,7 @@ import pytest
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
 from zllm.errors import ConfigError, InvalidRequest
-from zllm.prompt import PromptRenderer, model_stop_token_ids, to_hf_messages
+from zllm.prompt import PromptRenderer, model_stop_token_ids
 
 IM_START, IM_END = 151644, 151645
 
@@ -40,22 +40,6 @@ def test_tools_tool_calls_and_results(qwen_tokenizer) -> None:
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in text
     ids = PromptRenderer(qwen_tokenizer).render(request).token_ids
     assert 151657 in ids and 151658 in ids  # <tool_call> / </tool_call> are single tokens
-
-
-def test_hf_message_shape() -> None:
-    messages = to_hf_messages((
-        Message("assistant", "ok", tool_calls=(ToolCall("c1", "f", '{"x": [1, 2]}'), ToolCall("c2", "g", "not json")),
-                reasoning="thinking..."),
-        Message("tool", "42", tool_call_id="c1", name="f"),
-    ))
-    assert messages[0] == {
-        "role": "assistant", "content": "ok", "reasoning_content": "thinking...",
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": [1, 2]}}},
-            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
-        ],
-    }
-    assert messages[1] == {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "f"}
 
 
 def test_no_tools_means_no_tools_section(qwen_tokenizer) -> None:
