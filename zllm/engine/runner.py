@@ -16,20 +16,48 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
+
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
 # gives the caller a point between chunks to notice an abort.
 DEFAULT_PREFILL_CHUNK = 2048
 
 
 class ModelRunner:
-    """Runs `model` forward for one sequence (batch 1) at a time. Owns no per-request state."""
+    """Runs `model` forward for one sequence, or for several rows packed into one forward (`forward_rows`).
+    Owns no per-request state.
 
-    def __init__(self, model: PreTrainedModel, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    `packing` None: probe the model (engine/packed.py) and pack when packed forwards equal separate ones;
+    a model that cannot be packed still serves several rows, one forward per row."""
+
+    def __init__(self, model: PreTrainedModel, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 packing: bool | None = None):
         assert prefill_chunk > 0
         self.model = model
         self.config = model.config
         self.device = model.device
         self.prefill_chunk = prefill_chunk
+        self.packing = self._enable_packing() if packing is not False else False
+
+    def _enable_packing(self) -> bool:
+        previous = self.model.config._attn_implementation
+        try:
+            use_packed_attention(self.model)
+        except (ValueError, ImportError):  # a model that does not take the attention interface
+            return False
+        with torch.inference_mode():
+            if supports_packing(self.model, self.new_cache):
+                return True
+        self.model.set_attn_implementation(previous)
+        return False
+
+    def forward_rows(self, segments: Sequence[Segment]) -> list[torch.Tensor]:
+        """Feed each segment's tokens to its own cache; per segment, the logits after its last token (`[vocab]`)
+        or after each token for `all_logits` segments (`[n, vocab]`). One forward when the model packs."""
+        if self.packing:
+            return packed_forward(self.model, segments)
+        return [self.verify(segment.token_ids, segment.cache) if segment.all_logits
+                else self._forward(self.as_input(segment.token_ids), segment.cache) for segment in segments]
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)

@@ -48,6 +48,13 @@ class BufferPool:
         """Bytes a working set of `capacity` tokens takes."""
         return round_capacity(capacity) * self.layout.bytes_per_token
 
+    def in_use_bytes(self) -> int:
+        """Bytes of working sets taken and not yet given back: zero whenever no request holds a lease, so a
+        nonzero value with nothing running is a leak (load tests check it after disconnects)."""
+        with self._lock:
+            taken = list(self._in_use)
+        return storage_bytes(t for s in taken for t in state_tensors(s))
+
     def idle_bytes(self) -> int:
         with self._lock:
             idle = self._idle

@@ -133,6 +133,13 @@ class PrefixCache:
                     self.device_tier.touch(lineage)
         return lease
 
+    def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
+        """Whether one more request's working buffers fit the device budget beside those in use (cached entries
+        are evictable, working sets of running requests are not). The engine admits only what fits."""
+        capacity = prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens)
+        with self._lock:
+            return self.pool.in_use_bytes() + self.pool.bytes_for(capacity) <= self.device_tier.budget_bytes
+
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
         self.cost.observe_prefill(tokens, seconds)
@@ -164,6 +171,9 @@ class PrefixCache:
             tier = self.device_tier
             stats: dict[str, object] = {
                 "device_bytes": tier.bytes, "device_budget_bytes": tier.budget_bytes, "pool_bytes": self.pool.bytes,
+                "pool_in_use_bytes": self.pool.in_use_bytes(),
+                # bytes on retained entries' paths: equals device_bytes unless something else (a lock) pins nodes
+                "retained_bytes": sum(n.nbytes for n in {n for e in tier.entries.values() for n in e.node.path()}),
                 "entries": len(tier.entries), "nodes": sum(len(t.nodes()) for t in tier.trees.values()),
                 "namespaces": len(tier.trees), **self.counters,
                 "near_misses": len(self.near_miss_log.records()),

@@ -2,19 +2,27 @@
 
     asyncio side (client.py)                    engine thread (this file)
     ─────────────────────────                   ─────────────────────────
-    submit(): render prompt, admit  ──queue──▶  take one EngineRequest
-                                                prefill into a fresh per-request KV cache
-    per-request asyncio.Queue  ◀──call_soon_──  step(): loop-guard ban → fenced sample → fence.advance →
-    (RequestStream iterates it)    threadsafe          detokenize/stop → dialect parser → emit → decode forward
-                                                ... until an Ending, abort, loop or error → exactly one Finished
+    submit(): render prompt, admit  ──queue──▶  waiting line → admitted as a row when it fits (scheduler.py)
+                                                each step, for every row:
+    per-request asyncio.Queue  ◀──call_soon_──    decoding: loop-guard ban → fenced sample → fence.advance →
+    (RequestStream iterates it)    threadsafe       detokenize/stop → dialect parser → emit → its token
+                                                  (or a speculative draft) joins the step's forward
+                                                  prefilling: a chunk of its prompt joins the step's forward
+                                                one forward for all rows (engine/packed.py), each row on its
+                                                own KV cache; rows leave when they end, waiting ones join
+
+Continuous batching: rows start from different cache states (cold, a device hit, an SSD restore), keep their
+own positions, sampling, stops, fence and loop guard, and are sampled one by one after the shared forward —
+batching changes which forward computes a row's logits, never how its tokens are chosen.
 
 Prefix cache (zllm/kvcache): admission looks the prompt up (device tier, then SSD) and prefills only the
 suffix into a working cache over pooled buffers; after the request ends — finished or aborted, not failed —
 the terminal state (prompt + every generated token that was fed forward) is kept for the next turn.
 
-One request runs at a time for now (continuous batching is a later issue: `step()` then advances a batch).
-An abort is a per-request flag read once per decode step; a request aborted while still queued ends with
-ABORT without running. Any exception inside a request ends *that* request with ERROR; the loop keeps serving.
+An abort is a per-request flag read at every step: the row leaves at the next step and its memory goes back
+(a request aborted while waiting ends with ABORT without running). An exception in one row's sampling or
+output ends that row with ERROR; one in the shared forward ends the rows in it (their caches may be half
+updated). The loop keeps serving.
 """
 
 from __future__ import annotations
@@ -24,120 +32,38 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import partial
 
 import torch
-from transformers import DynamicCache
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
-from zllm.dialects import StreamParser
 from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to
 from zllm.engine.loader import apply_threads
+from zllm.engine.packed import Segment
 from zllm.engine.runner import ModelRunner
-from zllm.engine.sampler import Sampler, SamplingConfig
-from zllm.errors import EngineFailure, Overloaded, ZllmError
-from zllm.kvcache import Lease, PrefixCache, request_namespace
+from zllm.engine.sampler import Sampler
+from zllm.errors import Overloaded
+from zllm.kvcache import PrefixCache, request_namespace
+from zllm.runtime.active import ActiveRequest, EngineRequest, error_finished, log_finished, request_report
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
-from zllm.runtime.fence import Fence, sample_fenced
-from zllm.runtime.loop_guard import LoopGuard
+from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.report import RequestReport
-from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep, can_speculate
+from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, prefill_shares
+from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep, can_speculate
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
+__all__ = ["EngineLoop", "EngineRequest", "ActiveRequest"]
+
 log = logging.getLogger("zllm.runtime")
 
-
-@dataclass(eq=False)
-class EngineRequest:
-    """An admitted request as the engine sees it: token ids and limits, no protocol, no messages."""
-
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingConfig
-    max_tokens: int  # already clamped to the room left in the context window
-    # receives every event; called on the engine thread, so it must hand off (call_soon_threadsafe)
-    sink: Callable[[Event], None]
-    stop_strings: tuple[str, ...] = ()
-    stop_token_ids: frozenset[int] = frozenset()
-    # False only for benchmarks that must decode a fixed number of tokens (model EOS ignored)
-    use_model_stop_tokens: bool = True
-    # the caller's cache-isolation key (canonical ChatRequest.namespace); the loop adds the model's identity
-    namespace: str = ""
-    # a cache entry id or client key to try first (verified against the tokens like any other match)
-    cache_hint: str | None = None
-    # names the prompt segment a token index falls in ("message 3 (user)"); a closure over the request that
-    # renders only when called, which the prefix cache does only when it records a near miss
-    describe_position: Callable[[int], str] | None = None
-    # labels for observers (zllm trace) only: the loop never branches on them
-    api: str = ""
-    model: str = ""
-    notes: tuple[str, ...] = ()
-    dialect: str = ""
-    fence_label: str = "off"  # what the fence constrains: "tools:auto", "json_schema", ...
-    # the dialect's incremental parser for this generation (None: plain text); built by the client
-    parser: StreamParser | None = None
-    # the token fence (None: unconstrained) and the loop guard; per-request state, owned by the engine thread
-    fence: Fence | None = None
-    loop_guard: LoopGuard | None = None
-    # prompt-lookup speculative decoding (None: off); off by itself for models whose cache cannot be cropped
-    speculation: SpeculationConfig | None = None
-    aborted: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        assert self.prompt_ids and self.max_tokens >= 1, "the client validates prompt and budget"
-
-    def abort(self) -> None:
-        self.aborted.set()
-
-    def emit(self, event: Event) -> None:
-        try:
-            self.sink(event)
-        except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
-            self.abort()
-
-
-@dataclass(eq=False)
-class ActiveRequest:
-    """Engine-thread state of the running request. The KV cache is an explicit per-request object so the
-    prefix-cache issue can keep it after the request ends."""
-
-    request: EngineRequest
-    cache: DynamicCache
-    sampler: Sampler
-    output: TurnOutput
-    logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
-    lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
-    # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
-    generated: list[int] = field(default_factory=list)
-    kept: bool = False  # whether the device tier kept the terminal state
-    admitted_at: float = field(default_factory=time.perf_counter)
-    looked_up_at: float | None = None  # the prefix cache answered (restore included)
-    prefilled_at: float | None = None
-    first_output_at: float | None = None
-    fence_events: list[str] = field(default_factory=list)  # notable fence / loop-guard events, for traces
-    speculative: SpeculativeStep | None = None  # the request's drafter and verifier when it speculates
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.lease.cached_tokens if self.lease is not None else 0
-
-    def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
-        usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens, self.cached_tokens)
-        return Finished(reason, usage, stop_sequence=stop_sequence)
-
-    def terminal_sequence(self) -> tuple[int, ...]:
-        """The tokens whose KV the cache holds: prompt + generated, cut to the cache length (prefill may have
-        been aborted part way; the last sampled token was never fed forward)."""
-        held = self.cache.get_seq_length()
-        sequence = (*self.request.prompt_ids, *self.generated)
-        assert held <= len(sequence), "the cache cannot hold tokens that were never seen"
-        return sequence[:held]
-
-
 _SHUTDOWN = object()
+
+# what a row hands the step: its tokens for the shared forward and what to do with its logits afterwards
+# (the callback returns Finished when the row ended)
+Work = tuple[Segment, Callable[[torch.Tensor], Finished | None]]
 
 
 class EngineLoop:
@@ -153,9 +79,11 @@ class EngineLoop:
         model_key: str = "",
         observer: Callable[[RequestReport], None] | None = None,
         hidden_ids: frozenset[int] = frozenset(),
+        scheduler: SchedulerConfig | None = None,
     ):
         self.runner = runner
         self.prefix_cache = prefix_cache
+        self.scheduler = scheduler or SchedulerConfig()
         self._model_key = model_key  # KV compatibility identity; part of every cache namespace
         self._observer = observer  # gets a RequestReport when a request starts and when it ends
         self._hidden_ids = hidden_ids  # control tokens never streamed as text (see OutputProcessor)
@@ -167,6 +95,10 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._live: set[EngineRequest] = set()  # submitted and not yet finished
         self._closed = False
+        self._stopping = False  # engine thread: the shutdown marker arrived
+        self._line = WaitingLine()  # engine thread: submitted, not yet running
+        self._rows: list[ActiveRequest] = []  # engine thread: running (prefilling or decoding)
+        self._turn = 0  # rotates which prefilling row gets the step's budget first
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -176,8 +108,12 @@ class EngineLoop:
 
     @property
     def waiting(self) -> int:
-        """Requests queued and not yet picked up by the engine thread."""
-        return self._queue.qsize()
+        """Requests submitted and not yet running."""
+        return self._queue.qsize() + len(self._line)
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
 
     def submit(self, request: EngineRequest) -> None:
         with self._lock:
@@ -201,53 +137,64 @@ class EngineLoop:
         if self.prefix_cache is not None:
             self.prefix_cache.close()  # finishes queued SSD writes: the next start finds the last turns
 
-    # ------------------------------------------------------------------ engine thread
+    # ------------------------------------------------------------------ engine thread: the loop
 
     def _main(self) -> None:
         apply_threads(self._threads)  # torch's thread count is per OS thread
         with torch.inference_mode():
-            while (request := self._queue.get()) is not _SHUTDOWN:
-                self._serve(request)
+            while self._receive():
+                self._admit_waiting()
+                if self._rows:
+                    self._step()
 
-    def _serve(self, request: EngineRequest) -> None:
-        active: ActiveRequest | None = None
-        try:
-            active = self._admit(request)
-            finished = self._run(active)
-        except Exception as exc:  # one request's failure must not take the loop down
-            generated = active.output.completion_tokens if active is not None else 0
-            finished = _error_finished(request, exc, generated, active.cached_tokens if active is not None else 0)
-        request.emit(finished)
-        self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event
-        with self._lock:
-            self._live.discard(request)  # after retiring: "no live request" means the cache is settled
-        _log_finished(request, finished, active)
-        self._observe(request_report("finished", request, active, finished))
+    def _receive(self) -> bool:
+        """Move submitted requests to the waiting line (blocking only when there is nothing else to do).
+        False when the loop is done: shutting down and every request has ended."""
+        block = not self._rows and not len(self._line) and not self._stopping
+        while True:
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                break
+            block = False
+            if item is _SHUTDOWN:
+                self._stopping = True
+            else:
+                self._line.add(item)
+        return not (self._stopping and not self._rows and not len(self._line))
 
-    def _observe(self, report: RequestReport) -> None:
-        if self._observer is None:
-            return
-        try:
-            self._observer(report)
-        except Exception:  # an observer's bug must not take the loop down
-            log.exception("request observer failed")
+    def _admit_waiting(self) -> None:
+        """Start waiting requests, oldest first, while rows are free and their buffers fit (scheduler.py)."""
+        for request in self._line.candidates():
+            if request.aborted.is_set():
+                self._line.remove(request)
+                self._end_unstarted(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
+                continue
+            if len(self._rows) >= self.scheduler.max_batch:
+                return
+            if self._rows and not self._fits(request):
+                if self._line.waited(request) >= self.scheduler.fair_wait_s:
+                    return  # waited long enough: nobody passes it, the running rows drain and make room
+                continue
+            self._line.remove(request)
+            self._start(request)
 
-    def _run(self, active: ActiveRequest) -> Finished:
-        if active.logits is None:  # aborted while queued or during prefill
-            return active.finished(FinishReason.ABORT)
-        while (finished := self.step(active)) is None:
-            pass
-        return finished
+    def _fits(self, request: EngineRequest) -> bool:
+        if self.prefix_cache is None:
+            return True
+        return self.prefix_cache.has_room_for(len(request.prompt_ids), request.max_tokens)
 
-    def _admit(self, request: EngineRequest) -> ActiveRequest:
+    def _start(self, request: EngineRequest) -> None:
+        """Make `request` a row: look its prompt up in the prefix cache (restoring a device or SSD prefix into
+        its working buffers); its prefill runs in the following steps."""
         lease = None
-        if self.prefix_cache is not None and not request.aborted.is_set():
-            lease = self.prefix_cache.acquire(request_namespace(self._model_key, request.namespace),
-                                              request.prompt_ids, hint=request.cache_hint,
-                                              max_new_tokens=request.max_tokens,
-                                              describe_position=request.describe_position,
-                                              request_id=request.request_id)
         try:
+            if self.prefix_cache is not None:
+                lease = self.prefix_cache.acquire(request_namespace(self._model_key, request.namespace),
+                                                  request.prompt_ids, hint=request.cache_hint,
+                                                  max_new_tokens=request.max_tokens,
+                                                  describe_position=request.describe_position,
+                                                  request_id=request.request_id)
             active = ActiveRequest(
                 request=request,
                 cache=working_cache_for(self.runner, lease) if lease is not None else self.runner.new_cache(),
@@ -257,28 +204,154 @@ class EngineLoop:
             )
             active.looked_up_at = time.perf_counter()
             active.speculative = self._speculative_step(active)
-            if not request.aborted.is_set():
-                self._prefill(active)
-                self._observe(request_report("started", request, active))
-        except BaseException:
+        except Exception as exc:
             if lease is not None:
                 self.prefix_cache.release(lease)
-            raise
-        return active
+            self._end_unstarted(request, error_finished(request, exc, 0, 0))
+            return
+        self._rows.append(active)
 
-    def _prefill(self, active: ActiveRequest) -> None:
-        """Prefill what the cache did not restore (never empty: the last prompt token is always recomputed)."""
-        suffix = active.request.prompt_ids[active.cached_tokens:]
+    def _step(self) -> None:
+        """One forward for every row: decoding rows sample first (their token is what they feed), prefilling
+        rows feed their share of the step's prefill budget."""
+        work: list[tuple[ActiveRequest, Work]] = []
+        prefilling = []
+        for active in list(self._rows):
+            if active.request.aborted.is_set():
+                self._end(active, active.finished(FinishReason.ABORT))
+            elif active.logits is None:
+                prefilling.append(active)
+            else:
+                outcome = self._guarded(active, self._decode_work, active)
+                if isinstance(outcome, Finished):
+                    self._end(active, outcome)
+                elif outcome is not None:
+                    work.append((active, outcome))
+        budget = self.scheduler.prefill_chunk if work else self.scheduler.idle_prefill_chunk
+        for active, tokens in prefill_shares([(a, self._prompt_left(a)) for a in prefilling], budget, self._turn):
+            work.append((active, self._prefill_work(active, tokens)))
+        self._turn += 1
+        if work:
+            self._forward(work)
+
+    def _forward(self, work: list[tuple[ActiveRequest, Work]]) -> None:
         started = time.perf_counter()
-        active.logits = self.runner.prefill(suffix, active.cache, should_stop=active.request.aborted.is_set)
-        active.prefilled_at = time.perf_counter()
-        if self.prefix_cache is not None and active.logits is not None:
-            self.prefix_cache.observe_prefill(len(suffix), active.prefilled_at - started)
+        try:
+            outputs = self.runner.forward_rows([segment for _, (segment, _) in work])
+        except Exception as exc:  # a half-run forward may have updated some rows' layers and not others
+            for active, _ in work:
+                self._end(active, self._error(active, exc))
+            return
+        elapsed = time.perf_counter() - started
+        for (active, (segment, on_logits)), logits in zip(work, outputs):
+            if active.logits is None:
+                active.prefill_forward_s += elapsed
+            outcome = self._guarded(active, on_logits, logits)
+            if outcome is not None:
+                self._end(active, outcome)
 
-    def _retire(self, active: ActiveRequest | None, finished: Finished) -> None:
+    def _guarded(self, active: ActiveRequest, action: Callable, *args):
+        """Run one row's own work; an exception ends that row only."""
+        try:
+            return action(*args)
+        except Exception as exc:
+            return self._error(active, exc)
+
+    # ------------------------------------------------------------------ engine thread: one row's work
+
+    def _decode_work(self, active: ActiveRequest) -> Work | Finished | None:
+        """Choose the row's next token (or a speculative run) and return what it feeds the forward."""
+        request = active.request
+        if active.speculative is not None:
+            plan = active.speculative.plan(active.logits, fence=request.fence, loop_guard=request.loop_guard,
+                                           remaining=request.max_tokens - active.output.completion_tokens)
+            if isinstance(plan, SpeculativeRun):  # no forward: the token ends the request
+                return self._emit_run(active, plan)
+            return Segment(active.cache, plan.feed, all_logits=True), partial(self._verified, active, plan)
+        if request.loop_guard is not None:
+            request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
+        # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
+        token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] on the device
+        token_id = token.item()  # the one host sync per token
+        if (finished := self._emit(active, token_id)) is not None:
+            return finished
+        return Segment(active.cache, [token_id]), partial(self._decoded, active)
+
+    @staticmethod
+    def _decoded(active: ActiveRequest, logits: torch.Tensor) -> None:
+        active.logits = logits
+
+    def _verified(self, active: ActiveRequest, plan: DraftPlan, rows: torch.Tensor) -> Finished | None:
+        return self._emit_run(active, active.speculative.resolve(plan, rows, active.cache))
+
+    def _emit_run(self, active: ActiveRequest, run: SpeculativeRun) -> Finished | None:
+        """A speculative step emits 1..k+1 tokens, each streamed as a plain step's (runtime/speculative.py)."""
+        request = active.request
+        for token_id in run.tokens:
+            if (finished := self._emit(active, token_id)) is not None:
+                # tokens after the ending were fed forward: keep what a plain loop's cache holds (prompt and
+                # every emitted token but the last), which is what terminal_sequence() hands the prefix cache
+                crop_to(active.cache, len(request.prompt_ids) + len(active.generated) - 1)
+                return finished
+        assert run.logits is not None, "a run without a forward ends the request (stop token or last token)"
+        active.logits = run.logits
+        return None
+
+    def _prompt_left(self, active: ActiveRequest) -> int:
+        return len(active.request.prompt_ids) - active.cache.get_seq_length()
+
+    def _prefill_work(self, active: ActiveRequest, tokens: int) -> Work:
+        """The next `tokens` prompt tokens the row's cache lacks (never empty: the last prompt token is always
+        prefilled, its logits choose the first output token)."""
+        held = active.cache.get_seq_length()
+        chunk = active.request.prompt_ids[held:held + tokens]
+        return Segment(active.cache, chunk), partial(self._prefilled, active)
+
+    def _prefilled(self, active: ActiveRequest, logits: torch.Tensor) -> None:
+        if self._prompt_left(active) > 0:
+            return
+        active.logits = logits
+        active.prefilled_at = time.perf_counter()
+        if self.prefix_cache is not None:
+            self.prefix_cache.observe_prefill(len(active.request.prompt_ids) - active.cached_tokens,
+                                              active.prefill_forward_s)
+        self._observe(request_report("started", active.request, active))
+
+    # ------------------------------------------------------------------ engine thread: endings
+
+    def _end(self, active: ActiveRequest, finished: Finished) -> None:
+        """The row's one Finished: emit it, hand its KV to the prefix cache, leave the batch."""
+        self._rows.remove(active)
+        request = active.request
+        request.emit(finished)
+        self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event
+        with self._lock:
+            self._live.discard(request)  # after retiring: "no live request" means the cache is settled
+        log_finished(request, finished, active)
+        self._observe(request_report("finished", request, active, finished))
+
+    def _end_unstarted(self, request: EngineRequest, finished: Finished) -> None:
+        request.emit(finished)
+        with self._lock:
+            self._live.discard(request)
+        log_finished(request, finished, None)
+        self._observe(request_report("finished", request, None, finished))
+
+    def _error(self, active: ActiveRequest, exc: Exception) -> Finished:
+        return error_finished(active.request, exc, active.output.completion_tokens, active.cached_tokens)
+
+    def _observe(self, report: RequestReport) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer(report)
+        except Exception:  # an observer's bug must not take the loop down
+            log.exception("request observer failed")
+
+    def _retire(self, active: ActiveRequest, finished: Finished) -> None:
         """Hand the terminal state to the prefix cache (or just return the lease when the request failed: a
         forward that raised may have updated some layers and not others)."""
-        if active is None or active.lease is None:
+        if active.lease is None:
             return
         buffers = cache_buffers(active.cache)
         try:
@@ -292,36 +365,7 @@ class EngineLoop:
             log.exception("keeping the KV of %s failed", active.request.request_id)
             self.prefix_cache.release(active.lease, buffers)
 
-    def step(self, active: ActiveRequest) -> Finished | None:
-        """One decode round: sample, stream its text, run the next forward. Returns Finished at the end."""
-        if active.request.aborted.is_set():
-            return active.finished(FinishReason.ABORT)
-        if active.speculative is not None:
-            return self._speculative_round(active)
-        request = active.request
-        if request.loop_guard is not None:
-            request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
-        # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
-        token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] on the device
-        if (finished := self._emit(active, token.item())) is not None:  # the one host sync per token
-            return finished
-        active.logits = self.runner.decode(token, active.cache)
-        return None
-
-    def _speculative_round(self, active: ActiveRequest) -> Finished | None:
-        """One verify forward (runtime/speculative.py) emits 1..k+1 tokens, each streamed as a plain step's."""
-        request = active.request
-        run = active.speculative.step(active.logits, active.cache, fence=request.fence, loop_guard=request.loop_guard,
-                                      remaining=request.max_tokens - active.output.completion_tokens)
-        for token_id in run.tokens:
-            if (finished := self._emit(active, token_id)) is not None:
-                # tokens after the ending were fed forward: keep what a plain loop's cache holds (prompt and
-                # every emitted token but the last), which is what terminal_sequence() hands the prefix cache
-                crop_to(active.cache, len(request.prompt_ids) + len(active.generated) - 1)
-                return finished
-        assert run.logits is not None, "a run without a forward ends the request (stop token or last token)"
-        active.logits = run.logits
-        return None
+    # ------------------------------------------------------------------ engine thread: the output path
 
     def _emit(self, active: ActiveRequest, token_id: int) -> Finished | None:
         """Everything after sampling one token: record it, advance the fence, stream its events, end the request
@@ -383,66 +427,3 @@ class EngineLoop:
         return TurnOutput(text_stage, request.parser or PlainTextParser())
 
 
-def _log_finished(request: EngineRequest, finished: Finished, active: ActiveRequest | None) -> None:
-    """One line per request, for people reading the daemon log (and for tests of abort/finish)."""
-    usage = finished.usage
-    timing = ""
-    if active is not None and active.prefilled_at is not None:
-        prefill_s = active.prefilled_at - active.admitted_at  # restore included: it is part of the TTFT
-        decode_s = time.perf_counter() - active.prefilled_at
-        decode_rate = usage.completion_tokens / decode_s if decode_s > 0 else 0.0
-        prefilled = usage.prompt_tokens - usage.cached_tokens
-        timing = f" prefill {prefill_s:.2f}s ({prefilled / max(prefill_s, 1e-9):.0f} tok/s), decode {decode_rate:.1f} tok/s"
-    cache = "cache off"
-    if active is not None and active.lease is not None:
-        cache = f"{usage.cached_tokens} cached ({active.lease.tier}){', kept' if active.kept else ''}"
-        if (miss := active.lease.near_miss) is not None:
-            cache += f", near miss of {miss.entry_id} at token {miss.divergence}"
-            cache += f" in {miss.segment}" if miss.segment else ""
-    log.info(
-        "%s finished: %s, prompt %d tok, %s, output %d tok%s",
-        request.request_id, finished.reason.value, usage.prompt_tokens, cache, usage.completion_tokens, timing,
-    )
-
-
-def request_report(phase: str, request: EngineRequest, active: ActiveRequest | None,
-                   finished: Finished | None = None) -> RequestReport:
-    """Plain-data view of a request for observers (see report.py)."""
-    lease = active.lease if active is not None else None
-    usage = finished.usage if finished is not None else None
-    timing: dict = {}
-    if active is not None:
-        if active.looked_up_at is not None:
-            timing["restore_s"] = active.looked_up_at - active.admitted_at
-        if active.prefilled_at is not None:
-            timing["prefill_s"] = active.prefilled_at - active.admitted_at
-            decode_s = time.perf_counter() - active.prefilled_at
-            if finished is not None and decode_s > 0:
-                timing["decode_tok_s"] = usage.completion_tokens / decode_s
-        if active.first_output_at is not None:
-            timing["ttft_s"] = active.first_output_at - active.admitted_at
-    near = lease.near_miss if lease is not None else None
-    return RequestReport(
-        phase=phase, request_id=request.request_id, api=request.api, model=request.model,
-        namespace=request.namespace, prompt_tokens=len(request.prompt_ids),
-        cached_tokens=active.cached_tokens if active is not None else 0,
-        cache_tier=lease.tier if lease is not None else "off",
-        completion_tokens=usage.completion_tokens if usage is not None else 0,
-        finish_reason=finished.reason.value if finished is not None else None,
-        error=finished.error_message if finished is not None else None,
-        near_miss=(f"near miss of {near.entry_id} at token {near.divergence}"
-                   + (f" in {near.segment}" if near.segment else "")) if near is not None else None,
-        notes=request.notes, dialect=request.dialect, fence=request.fence_label,
-        fence_events=tuple(active.fence_events) if active is not None else (),
-        tool_calls=tuple(active.output.call_names.values()) if active is not None else (), **timing)
-
-
-def _error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:
-    log.exception("request %s failed", request.request_id)
-    code = exc.code if isinstance(exc, ZllmError) else EngineFailure.code
-    message = exc.message if isinstance(exc, ZllmError) else f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, torch.OutOfMemoryError):
-        message = f"out of memory while running the request: {exc}"
-        torch.cuda.empty_cache()
-    usage = Usage(len(request.prompt_ids), completion_tokens, cached_tokens)
-    return Finished(FinishReason.ERROR, usage, error_code=code, error_message=message)

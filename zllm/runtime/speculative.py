@@ -137,6 +137,19 @@ class SpeculativeRun:
     logits: torch.Tensor | None
 
 
+@dataclass
+class DraftPlan:
+    """What a step feeds forward: the sampled token, then the draft to verify."""
+
+    first_id: int
+    draft: list[int]
+    masks: torch.Tensor | None  # the fence's mask at each draft position ([len(draft), words]), None: no fence
+
+    @property
+    def feed(self) -> list[int]:
+        return [self.first_id, *self.draft]
+
+
 @dataclass(eq=False)
 class SpeculativeStep:
     """One request's speculative decoder. Holds the drafter over prompt + output and, after a sampled
@@ -165,6 +178,16 @@ class SpeculativeStep:
         `cache` holds prompt + every emitted token; `remaining` is the token budget left (≥ 1); `fence` and
         `loop_guard` are the request's real ones: this step moves neither (the loop advances them as it
         emits), it works on probes. The cache afterwards holds every returned token."""
+        plan = self.plan(logits, remaining=remaining, fence=fence, loop_guard=loop_guard)
+        if isinstance(plan, SpeculativeRun):
+            return plan
+        return self.resolve(plan, self.runner.verify(plan.feed, cache), cache)  # rows: [1 + len(draft), vocab]
+
+    def plan(self, logits: torch.Tensor, *, remaining: int, fence: Fence | None = None,
+             loop_guard: LoopGuard | None = None) -> DraftPlan | SpeculativeRun:
+        """The first half of a step: sample the next token and draft after it. Returns the tokens to feed
+        forward (a batched engine packs them with other rows' tokens), or a finished run when no forward is
+        needed (the sampled token is a stop token or the budget's last)."""
         assert remaining >= 1, "the loop ends a request when its budget is spent"
         first = self._sample_first(logits, fence, loop_guard)  # [1, 1]
         first_id = first.item()  # the step's one host sync before the forward
@@ -173,16 +196,17 @@ class SpeculativeStep:
             self.stats.emitted += 1
             return SpeculativeRun([first_id], None)
         draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
-        held = cache.get_seq_length()
-        if draft:
-            rows = self.runner.verify([first_id, *draft], cache)  # [1 + len(draft), vocab]
-        else:
-            rows = self.runner.decode(first, cache).unsqueeze(0)  # [1, vocab]
-        accepted = self._accept(rows[:len(draft)], draft, masks)
+        return DraftPlan(first_id, draft, masks)
+
+    def resolve(self, plan: DraftPlan, rows: torch.Tensor, cache: DynamicCache) -> SpeculativeRun:
+        """The second half: `rows` are the logits after each fed token (`[len(plan.feed), vocab]`), and the
+        cache holds them all. Accept the draft's longest valid prefix and crop the rest out of the cache."""
+        held = cache.get_seq_length() - len(plan.feed)
+        accepted = self._accept(rows[:len(plan.draft)], plan.draft, plan.masks)
         crop_to(cache, held + 1 + accepted)
-        tokens = [first_id, *draft[:accepted]]
+        tokens = [plan.first_id, *plan.draft[:accepted]]
         self.lookup.extend(tokens)
-        self._count(len(draft), accepted)
+        self._count(len(plan.draft), accepted)
         return SpeculativeRun(tokens, rows[accepted])
 
     # ------------------------------------------------------------------ sampling the first token

@@ -190,10 +190,15 @@ def test_abort_mid_decode(client) -> None:
 
 
 def test_abort_while_queued_never_runs(client) -> None:
-    prefills = []
+    prefilled = set()  # the caches that got prompt tokens (a prefill chunk is a segment of several tokens)
     runner = client.engine.runner
-    original = runner.prefill
-    runner.prefill = lambda ids, cache, **kw: prefills.append(len(ids)) or original(ids, cache, **kw)
+    original = runner.forward_rows
+
+    def forward_rows(segments):
+        prefilled.update(id(segment.cache) for segment in segments if len(segment.token_ids) > 1)
+        return original(segments)
+
+    runner.forward_rows = forward_rows
 
     async def main():
         first = await client.submit(request("first", rid="a", max_tokens=300))
@@ -206,21 +211,21 @@ def test_abort_while_queued_never_runs(client) -> None:
 
     (text, finished, events), _ = run(main())
     assert (text, finished.reason, finished.usage.completion_tokens) == ("", FinishReason.ABORT, 0)
-    assert events == [finished] and len(prefills) == 1
+    assert events == [finished] and len(prefilled) == 1
 
 
 def test_error_in_one_request_then_the_next_works(client) -> None:
     runner = client.engine.runner
-    original = runner.decode
+    original = runner.forward_rows
     calls = {"n": 0}
 
-    def failing_once(token, cache):
+    def failing_once(segments):  # forward 1 is the prefill, then one per token: the 3rd token's forward fails
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 4:
             raise RuntimeError("boom")
-        return original(token, cache)
+        return original(segments)
 
-    runner.decode = failing_once
+    runner.forward_rows = failing_once
     _, failed, events = run(_submit_and_collect(client, request(max_tokens=10)))
     assert failed.reason is FinishReason.ERROR
     assert failed.error_code == "engine_error" and "boom" in failed.error_message

@@ -1,0 +1,89 @@
+"""Who runs next: admission of waiting requests and the split of each step's prefill budget.
+
+Every engine step is one forward over the rows' tokens (engine/packed.py): one token per decoding row (or a
+speculative draft), plus prefill chunks of rows whose prompt is not in their cache yet. The policy:
+
+- **Batch size**: at most `max_batch` rows run together; the rest wait in arrival order.
+- **Chunked prefill**: while any row decodes, a step carries at most `prefill_chunk` prompt tokens, so a
+  30K-token prompt delays the running rows' next token by one chunk's forward per step instead of by its whole
+  prefill. Smaller chunks mean steadier inter-token latency for running rows; larger ones a shorter
+  time-to-first-token for the long prompt (fewer, fuller forwards). With nothing decoding, `idle_prefill_chunk`
+  (activation memory is the only limit).
+- **Prefill fairness**: the budget goes to prefilling rows in turn, the starting row rotating each step, and a
+  row takes only what it still needs — a short prompt arriving during a long prefill is done within a step or
+  two, and the long one still advances every step.
+- **Admission under the cache budget**: a request is admitted when its working KV buffers (prompt + reserved
+  decode) fit the device budget beside the rows already running (cached entries are evicted to make room, and
+  an evicted entry already has its SSD snapshot). One that does not fit waits; later requests that do fit may
+  pass it, but only for `fair_wait_s`: after that nobody passes it, running rows drain, and it gets the room.
+  A request is never refused for memory, and a lone request always runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int = 8  # rows decoding or prefilling together
+    prefill_chunk: int = 512  # prompt tokens per step while other rows decode
+    idle_prefill_chunk: int = 2048  # prompt tokens per step when nothing decodes
+    fair_wait_s: float = 5.0  # how long later requests may pass one that waits for memory
+
+    def __post_init__(self) -> None:
+        assert self.max_batch >= 1 and self.prefill_chunk >= 1 and self.idle_prefill_chunk >= 1
+        assert self.fair_wait_s >= 0
+
+
+class WaitingLine:
+    """Requests not yet running, in arrival order (engine thread; `len` may be read from any thread)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._line: deque = deque()
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._line)
+
+    def add(self, request) -> None:
+        self._line.append((self._clock(), request))
+
+    def candidates(self) -> Iterator:
+        """Waiting requests, oldest first (a snapshot: removing while iterating is allowed)."""
+        return (request for _, request in list(self._line))
+
+    def remove(self, request) -> None:
+        for item in self._line:
+            if item[1] is request:
+                self._line.remove(item)
+                return
+
+    def waited(self, request) -> float:
+        for since, waiting in self._line:
+            if waiting is request:
+                return self._clock() - since
+        return 0.0
+
+
+def prefill_shares(needs: Sequence[tuple[Row, int]], budget: int, turn: int) -> list[tuple[Row, int]]:
+    """Split `budget` prompt tokens among rows still prefilling (`needs`: row, tokens it still needs), starting
+    at row `turn % len(needs)` and going round; each row takes at most what it needs."""
+    if not needs or budget <= 0:
+        return []
+    start = turn % len(needs)
+    shares = []
+    for row, need in (*needs[start:], *needs[:start]):
+        take = min(need, budget)
+        if take > 0:
+            shares.append((row, take))
+            budget -= take
+        if budget == 0:
+            break
+    return shares
