@@ -82,6 +82,14 @@ class Settings:
     dialect: str = "auto"
     # prompt-lookup speculative decoding: drafts from the prompt and output, verified in one forward (exact)
     speculative: bool = False
+    # a small model of the same family drafting for speculative decoding (a store name or path; implies
+    # speculative); "" = prompt lookup only
+    draft_model: str = ""
+    # continuous batching: most requests decoding or prefilling together (the rest wait in arrival order)
+    max_batch: int = 8
+    # chunked prefill: prompt tokens per step while other requests decode (smaller: steadier streams for the
+    # running requests; larger: sooner first token for the long prompt)
+    prefill_chunk: int = 512
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -132,6 +140,8 @@ class Settings:
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
         if self.max_queue < 1:
             raise ConfigError("max_queue must be >= 1")
+        if self.max_batch < 1 or self.prefill_chunk < 1:
+            raise ConfigError("max_batch and prefill_chunk must be >= 1")
         if self.context_length < 0:
             raise ConfigError("context_length must be >= 0")
         if self.responses_max_stored < 0 or self.responses_max_age_days < 0:

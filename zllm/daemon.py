@@ -14,11 +14,12 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from zllm import __version__
 from zllm.config import Settings
-from zllm.errors import ConfigError
+from zllm.errors import ConfigError, ModelNotFound
 
 log = logging.getLogger("zllm.daemon")
 
@@ -82,6 +83,21 @@ def resolve_model(settings: Settings, progress=None) -> Served:
     return Served(name=stored.name, path=stored.path, created=int(stored.manifest.added_at))
 
 
+def resolve_draft_model(settings: Settings) -> Settings:
+    """Settings whose draft_model (a store name, alias or path) is a model directory."""
+    from zllm.models import ModelStore
+
+    if not settings.draft_model:
+        return settings
+    store = ModelStore(settings.models_dir)
+    if store.has(settings.draft_model):
+        return replace(settings, draft_model=str(store.get(settings.draft_model).path))
+    path = Path(settings.draft_model).expanduser()
+    if not path.is_dir():
+        raise ModelNotFound(settings.draft_model)
+    return replace(settings, draft_model=str(path))
+
+
 async def serve_forever(settings: Settings, served: Served) -> None:
     """Open the control socket, load the engine, serve HTTP until SIGINT/SIGTERM (or a control `shutdown`),
     then shut down in order: listener, requests, engine, control socket."""
@@ -112,6 +128,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     from zllm.api.app import create_app, start_site
     from zllm.runtime.client import LocalEngineClient
 
+    settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     try:
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(

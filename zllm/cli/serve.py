@@ -32,6 +32,9 @@ def serve(
     ssd_cache_mb: int = typer.Option(None, "--ssd-cache-mb", help="Disk for prefix cache snapshots, 0 = min(10 GiB, half the free disk). [env: ZLLM_SSD_CACHE_MB]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
     speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
+    draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
+    max_batch: int = typer.Option(None, "--max-batch", help="Requests decoding or prefilling together; the rest wait. [env: ZLLM_MAX_BATCH; default: 8]"),
+    prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="Prompt tokens per step while others decode (smaller: steadier streams; larger: sooner first token for long prompts). [env: ZLLM_PREFILL_CHUNK; default: 512]"),
     dialect: str = typer.Option(None, "--dialect", help="Tool dialect: auto (from the tokenizer), hermes, qwen3, glm45, deepseek-v3.2 or deepseek-v4. [env: ZLLM_DIALECT; default: auto]"),
 ) -> None:
     """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
@@ -47,6 +50,7 @@ def serve(
             responses_max_age_days=responses_max_age_days,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
             cache_dir=cache_dir, dialect=dialect, speculative=speculative,
+            draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -21,7 +21,7 @@ from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loader import LoadedModel, load_model
-from zllm.engine.runner import ModelRunner
+from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
@@ -33,6 +33,7 @@ from zllm.prompt import (
     position_describer,
 )
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
+from zllm.runtime.draft_model import DraftModel, load_draft_model
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
@@ -42,7 +43,11 @@ from zllm.runtime.prefix import (
     served_model_key,
 )
 from zllm.runtime.report import RequestReport
+from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
+
+# a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
+DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
 
 
 class LocalRequestStream:
@@ -81,16 +86,19 @@ class LocalEngineClient:
     def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
                  observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None,
-                 speculative: bool = False):
+                 speculative: bool = False, scheduler: SchedulerConfig | None = None,
+                 draft_model: DraftModel | None = None):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
         turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
         engine thread (it must only hand off, e.g. TraceHub.publish). `dialect` names the tool dialect
-        (None / "auto": chosen from the tokenizer, see dialects/registry.py)."""
+        (None / "auto": chosen from the tokenizer, see dialects/registry.py). `scheduler`: batch size and prefill
+        chunking (runtime/scheduler.py). `draft_model`: drafts for speculative decoding (implies `speculative`)."""
         self.loaded = loaded
         self.model_name = model_name
         self.created = created
         self.max_queue = max_queue
-        self.speculation = SpeculationConfig() if speculative else None
+        self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
+                            else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
         self.stop_token_ids = model_stop_token_ids(
             loaded.tokenizer,
@@ -106,7 +114,7 @@ class LocalEngineClient:
             build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
         self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
                                  prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
-                                 observer=observer,
+                                 observer=observer, scheduler=scheduler, draft_model=draft_model,
                                  hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup))
         self.engine.start()
 
@@ -122,11 +130,16 @@ class LocalEngineClient:
     ) -> LocalEngineClient:
         """Load `model_dir` with the settings' device/dtype/threads/context_length/max_queue and serve it.
 
-        `name` (the model id clients must send) defaults to `settings.model`; `created` to the dir's mtime.
+        `name` (the model id clients must send) defaults to `settings.model`; `created` to the dir's mtime;
+        `settings.draft_model`, when set, is a model directory (the daemon resolves store names).
         """
         model_dir = Path(model_dir)
         loaded = load_model(model_dir, device=settings.device, dtype=settings.dtype, threads=settings.threads,
                             context_length=settings.context_length)
+        draft = None
+        if settings.draft_model:
+            draft = load_draft_model(Path(settings.draft_model), loaded.tokenizer, device=str(loaded.device),
+                                     dtype=settings.dtype, threads=settings.threads)
         return cls(
             loaded,
             model_name=name or settings.model,
@@ -137,6 +150,9 @@ class LocalEngineClient:
             observer=observer,
             dialect=settings.dialect,
             speculative=settings.speculative,
+            scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
+                                      idle_prefill_chunk=max(settings.prefill_chunk, DEFAULT_PREFILL_CHUNK)),
+            draft_model=draft,
         )
 
     @property

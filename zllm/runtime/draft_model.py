@@ -32,6 +32,8 @@ from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.errors import ConfigError
 
+# prompt tokens a draft model sees (the most recent ones; see DraftModel.drafter_for)
+DRAFT_PROMPT_WINDOW = 1024
 # tokens of room a new draft cache reserves past the prompt (its buffers then double as the request grows)
 DECODE_HEADROOM = 256
 _HINT = "use a draft model of the same family as the served model (one that ships the same tokenizer)"
@@ -69,8 +71,11 @@ class DraftModel:
         return cls(runner, proposable, embeddable, loaded.context_length, kv_probe, loaded.path)
 
     def drafter_for(self, prompt_ids: Sequence[int]) -> DraftModelDrafter:
-        """A fresh drafter for one request (its cache is built at its first propose)."""
-        return DraftModelDrafter(self, prompt_ids)
+        """A fresh drafter for one request (its cache is built at its first propose). It sees only the prompt's
+        last DRAFT_PROMPT_WINDOW tokens: the draft's KV is not in the prefix cache, and prefilling a 30K-token
+        agent prompt on the draft model every turn would cost more than speculation saves. A shorter context
+        only lowers how often drafts are right; the target verifies every one."""
+        return DraftModelDrafter(self, prompt_ids[-DRAFT_PROMPT_WINDOW:])
 
 
 def load_draft_model(path: str | Path, target_tokenizer: PreTrainedTokenizerBase, *, device: str = "auto",

@@ -46,6 +46,7 @@ from zllm.errors import Overloaded
 from zllm.kvcache import PrefixCache, request_namespace
 from zllm.runtime.active import ActiveRequest, EngineRequest, error_finished, log_finished, request_report
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
+from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.prefix import working_cache_for
@@ -80,10 +81,12 @@ class EngineLoop:
         observer: Callable[[RequestReport], None] | None = None,
         hidden_ids: frozenset[int] = frozenset(),
         scheduler: SchedulerConfig | None = None,
+        draft_model: DraftModel | None = None,
     ):
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.scheduler = scheduler or SchedulerConfig()
+        self.draft_model = draft_model  # drafts for speculating requests instead of prompt lookup
         self._model_key = model_key  # KV compatibility identity; part of every cache namespace
         self._observer = observer  # gets a RequestReport when a request starts and when it ends
         self._hidden_ids = hidden_ids  # control tokens never streamed as text (see OutputProcessor)
@@ -391,8 +394,9 @@ class EngineLoop:
         request = active.request
         if request.speculation is None or not can_speculate(active.cache):
             return None
+        drafter = self.draft_model.drafter_for(request.prompt_ids) if self.draft_model is not None else None
         return SpeculativeStep(self.runner, active.sampler, request.prompt_ids, request.speculation,
-                               stop_token_ids=self._stop_ids(request))
+                               stop_token_ids=self._stop_ids(request), drafter=drafter)
 
     def _stop_ids(self, request: EngineRequest) -> frozenset[int]:
         """Every token id the output path ends a request on (see StopTokens)."""

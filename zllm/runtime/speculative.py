@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -59,6 +60,16 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram and self.max_backoff >= 0
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens continuing a sequence it is told about (prompt, then every emitted token)."""
+
+    def __len__(self) -> int: ...
+
+    def extend(self, tokens: Iterable[int]) -> None: ...
+
+    def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]: ...
 
 
 class PromptLookup:
@@ -162,14 +173,16 @@ class SpeculativeStep:
     # the ids the loop's output path ends the request on (model + request stop tokens), never drafted past
     stop_token_ids: frozenset[int] = frozenset()
     stats: SpeculationStats = field(default_factory=SpeculationStats)
-    lookup: PromptLookup = field(init=False)
+    # drafts from a draft model (runtime/draft_model.py) instead of prompt lookup; same interface
+    drafter: Drafter | None = None
+    lookup: Drafter = field(init=False)
     _residual: torch.Tensor | None = field(init=False, default=None)
     _backoff: int = field(init=False, default=0)  # plain steps the last failed draft costs (doubles per failure)
     _skip: int = field(init=False, default=0)  # plain steps left before drafting again
 
     def __post_init__(self) -> None:
-        self.lookup = PromptLookup(self.prompt_ids, max_ngram=self.config.max_ngram,
-                                   min_ngram=self.config.min_ngram)
+        self.lookup = self.drafter if self.drafter is not None else PromptLookup(
+            self.prompt_ids, max_ngram=self.config.max_ngram, min_ngram=self.config.min_ngram)
 
     def step(self, logits: torch.Tensor, cache: DynamicCache, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> SpeculativeRun:
