@@ -47,7 +47,7 @@ class PackedCache:
     """Stands in for the model's cache during a packed forward: splits each layer's new keys/values by row into
     the rows' caches and keeps, per layer, each row's full keys/values for `packed_attention`."""
 
-    def __init__(self, segments: Sequence[Segment]):
+    def __init__(self, segments: Sequence[Segment], device: torch.device | None = None):
         self.segments = segments
         bounds, start = [], 0
         for segment in segments:
@@ -56,8 +56,8 @@ class PackedCache:
         self.bounds = bounds  # [start, stop) of each row in the packed sequence
         self.offsets = [segment.cache.get_seq_length() for segment in segments]  # tokens each row held before
         self.row_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._masks = [_causal_tail_mask(stop - start, offset, segment.cache)
-                       for (start, stop), offset, segment in zip(bounds, self.offsets, segments)]
+        self._masks = [_causal_tail_mask(stop - start, offset, device)
+                       for (start, stop), offset in zip(bounds, self.offsets)]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,12 +82,11 @@ class PackedCache:
         raise NotImplementedError("a packed forward has one length per row; positions are passed explicitly")
 
 
-def _causal_tail_mask(new: int, held: int, cache: DynamicCache) -> torch.Tensor | None:
+def _causal_tail_mask(new: int, held: int, device: torch.device | None) -> torch.Tensor | None:
     """Row-local causal mask for `new` queries appended after `held` cached tokens: query i sees keys
     0 .. held + i. None for a single query (it sees everything, as sdpa does without a mask)."""
     if new == 1:
         return None
-    device = cache.layers[0].keys.device if cache.layers and cache.layers[0].is_initialized else None
     keys = torch.arange(held + new, device=device)
     queries = torch.arange(held, held + new, device=device)
     return (keys[None, :] <= queries[:, None])[None, None]  # [1, 1, new, held + new], True = attend
@@ -117,8 +116,8 @@ def packed_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
     """Run every segment's tokens in one forward, appending to each row's cache. Returns per segment its logits:
     `[vocab]` after the last token, or `[n, vocab]` after each token for `all_logits` segments."""
     assert segments and all(len(segment.token_ids) > 0 for segment in segments), "every row feeds a token"
-    packed = PackedCache(segments)
     device = model.device
+    packed = PackedCache(segments, device)
     ids = torch.tensor([[t for segment in segments for t in segment.token_ids]], dtype=torch.long, device=device)
     positions = torch.cat([torch.arange(offset, offset + len(segment.token_ids))
                            for offset, segment in zip(packed.offsets, segments)]).to(device)[None]

@@ -168,7 +168,15 @@ def request_report(phase: str, request: EngineRequest, active: ActiveRequest | N
                    + (f" in {near.segment}" if near.segment else "")) if near is not None else None,
         notes=request.notes, dialect=request.dialect, fence=request.fence_label,
         fence_events=tuple(active.fence_events) if active is not None else (),
-        tool_calls=tuple(active.output.call_names.values()) if active is not None else (), **timing)
+        tool_calls=tuple(active.output.call_names.values()) if active is not None else (),
+        **_speculation_counts(active), **timing)
+
+
+def _speculation_counts(active: ActiveRequest | None) -> dict[str, int]:
+    if active is None or active.speculative is None:
+        return {}
+    stats = active.speculative.stats
+    return {"drafted_tokens": stats.drafted, "accepted_tokens": stats.accepted}
 
 
 def error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:

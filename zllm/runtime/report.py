@@ -28,13 +28,15 @@ class RequestReport:
     cache_tier: str = "cold"  # "device" / "ssd" / "cold" / "off"
     restore_s: float | None = None  # admission (lookup + restore) time
     prefill_s: float | None = None  # restore included: the request's time to its first logits
-    ttft_s: float | None = None  # admission to first streamed output
+    ttft_s: float | None = None  # submission (queue wait included) to first streamed output
     completion_tokens: int = 0
     decode_tok_s: float | None = None
     dialect: str = ""
     fence: str = ""  # "off" or what constrained the output ("tools:auto", "tools:required", "json_schema")
     fence_events: tuple[str, ...] = ()  # notable fence / loop-guard events ("loop guard banned token 42")
     tool_calls: tuple[str, ...] = ()  # names of the calls the output made
+    drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    accepted_tokens: int = 0  # ... and accepted
     finish_reason: str | None = None
     error: str | None = None
     near_miss: str | None = None  # "near miss of <entry> at token N in <segment>"
