@@ -21,7 +21,7 @@ from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loader import LoadedModel, load_model
-from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
+from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
@@ -150,8 +150,11 @@ class LocalEngineClient:
             observer=observer,
             dialect=settings.dialect,
             speculative=settings.speculative,
+            # one chunk size alone too: a request arriving during a long prefill waits for at most one chunk's
+            # forward (bench/batching.py: a 2048-token chunk is ~17 s of SmolLM2 on one CPU thread, 512 ~4 s,
+            # and the long prompt's own prefill is no slower in 512-token chunks)
             scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
-                                      idle_prefill_chunk=max(settings.prefill_chunk, DEFAULT_PREFILL_CHUNK)),
+                                      idle_prefill_chunk=settings.prefill_chunk),
             draft_model=draft,
         )
 

@@ -101,7 +101,6 @@ class EngineLoop:
         self._stopping = False  # engine thread: the shutdown marker arrived
         self._line = WaitingLine()  # engine thread: submitted, not yet running
         self._rows: list[ActiveRequest] = []  # engine thread: running (prefilling or decoding)
-        self._turn = 0  # rotates which prefilling row gets the step's budget first
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -230,10 +229,10 @@ class EngineLoop:
                     self._end(active, outcome)
                 elif outcome is not None:
                     work.append((active, outcome))
-        budget = self.scheduler.prefill_chunk if work else self.scheduler.idle_prefill_chunk
-        for active, tokens in prefill_shares([(a, self._prompt_left(a)) for a in prefilling], budget, self._turn):
+        alone = not work and len(prefilling) == 1
+        budget = self.scheduler.idle_prefill_chunk if alone else self.scheduler.prefill_chunk
+        for active, tokens in prefill_shares([(a, self._prompt_left(a)) for a in prefilling], budget):
             work.append((active, self._prefill_work(active, tokens)))
-        self._turn += 1
         if work:
             self._forward(work)
 

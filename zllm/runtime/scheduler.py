@@ -4,14 +4,16 @@ Every engine step is one forward over the rows' tokens (engine/packed.py): one t
 speculative draft), plus prefill chunks of rows whose prompt is not in their cache yet. The policy:
 
 - **Batch size**: at most `max_batch` rows run together; the rest wait in arrival order.
-- **Chunked prefill**: while any row decodes, a step carries at most `prefill_chunk` prompt tokens, so a
+- **Chunked prefill**: while any other row runs, a step carries at most `prefill_chunk` prompt tokens, so a
   30K-token prompt delays the running rows' next token by one chunk's forward per step instead of by its whole
   prefill. Smaller chunks mean steadier inter-token latency for running rows; larger ones a shorter
-  time-to-first-token for the long prompt (fewer, fuller forwards). With nothing decoding, `idle_prefill_chunk`
-  (activation memory is the only limit).
-- **Prefill fairness**: the budget goes to prefilling rows in turn, the starting row rotating each step, and a
-  row takes only what it still needs — a short prompt arriving during a long prefill is done within a step or
-  two, and the long one still advances every step.
+  time-to-first-token for the long prompt (fewer, fuller forwards). A row prefilling alone takes
+  `idle_prefill_chunk` per step (activation memory is the only limit); a request arriving meanwhile waits
+  for at most that one forward.
+- **Prefill order**: the budget goes to the prompts with the fewest tokens left first, each taking only what it
+  still needs, the longest taking the rest — a short prompt arriving during a long prefill gets its first
+  token after a step or two, and the long one still advances every step. It cannot be starved: at most
+  `max_batch - 1` rows run beside it, and each short prompt leaves the prefill queue within a few steps.
 - **Admission under the cache budget**: a request is admitted when its working KV buffers (prompt + reserved
   decode) fit the device budget beside the rows already running (cached entries are evicted to make room, and
   an evicted entry already has its SSD snapshot). One that does not fit waits; later requests that do fit may
@@ -34,7 +36,7 @@ Row = TypeVar("Row")
 class SchedulerConfig:
     max_batch: int = 8  # rows decoding or prefilling together
     prefill_chunk: int = 512  # prompt tokens per step while other rows decode
-    idle_prefill_chunk: int = 2048  # prompt tokens per step when nothing decodes
+    idle_prefill_chunk: int = 512  # prompt tokens per step for a row prefilling alone (larger suits a GPU)
     fair_wait_s: float = 5.0  # how long later requests may pass one that waits for memory
 
     def __post_init__(self) -> None:
@@ -72,18 +74,15 @@ class WaitingLine:
         return 0.0
 
 
-def prefill_shares(needs: Sequence[tuple[Row, int]], budget: int, turn: int) -> list[tuple[Row, int]]:
-    """Split `budget` prompt tokens among rows still prefilling (`needs`: row, tokens it still needs), starting
-    at row `turn % len(needs)` and going round; each row takes at most what it needs."""
-    if not needs or budget <= 0:
-        return []
-    start = turn % len(needs)
+def prefill_shares(needs: Sequence[tuple[Row, int]], budget: int) -> list[tuple[Row, int]]:
+    """Split `budget` prompt tokens among rows still prefilling (`needs`: row, tokens it still needs): fewest
+    tokens left first (ties in the given order, i.e. arrival), each row taking at most what it needs."""
     shares = []
-    for row, need in (*needs[start:], *needs[:start]):
+    for row, need in sorted(needs, key=lambda item: item[1]):
+        if budget <= 0:
+            break
         take = min(need, budget)
         if take > 0:
             shares.append((row, take))
             budget -= take
-        if budget == 0:
-            break
     return shares
