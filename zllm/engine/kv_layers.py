@@ -71,15 +71,19 @@ class PreallocatedLayer(DynamicLayer):
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
-        shape = (*self.key_buffer.shape[:-2], capacity, self.key_buffer.shape[-1])
-        keys, values = self.key_buffer.new_empty(shape), self.value_buffer.new_empty(shape)
-        keys[..., :self.length, :].copy_(self.key_buffer[..., :self.length, :])
-        values[..., :self.length, :].copy_(self.value_buffer[..., :self.length, :])
-        self.key_buffer, self.value_buffer = keys, values
+        # each from its own shape: keys and values differ in width for latent attention (DeepSeek's MLA)
+        self.key_buffer = _regrown(self.key_buffer, capacity, self.length)
+        self.value_buffer = _regrown(self.value_buffer, capacity, self.length)
 
     def _expose(self) -> None:
         self.keys = self.key_buffer[..., :self.length, :]
         self.values = self.value_buffer[..., :self.length, :]
+
+
+def _regrown(buffer: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
+    grown = buffer.new_empty((*buffer.shape[:-2], capacity, buffer.shape[-1]))
+    grown[..., :length, :].copy_(buffer[..., :length, :])
+    return grown
 
 
 def supports_working_buffers(config: PreTrainedConfig) -> bool:

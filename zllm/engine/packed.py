@@ -116,6 +116,7 @@ def packed_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
     """Run every segment's tokens in one forward, appending to each row's cache. Returns per segment its logits:
     `[vocab]` after the last token, or `[n, vocab]` after each token for `all_logits` segments."""
     assert segments and all(len(segment.token_ids) > 0 for segment in segments), "every row feeds a token"
+    assert model.config._attn_implementation == PACKED_ATTENTION, "use_packed_attention(model) first"
     device = model.device
     packed = PackedCache(segments, device)
     ids = torch.tensor([[t for segment in segments for t in segment.token_ids]], dtype=torch.long, device=device)

@@ -49,3 +49,15 @@ def test_crop_shortens_the_view() -> None:
     layer = PreallocatedLayer(torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4), length=6)
     layer.crop(-2)
     assert layer.get_seq_length() == 4 and layer.keys.shape == (1, 2, 4, 4)
+
+
+def test_growing_keeps_keys_and_values_their_own_width() -> None:
+    # latent attention (DeepSeek's MLA) caches keys wider than values; outgrowing the buffers must keep both
+    layer = PreallocatedLayer(torch.zeros(1, 2, 4, 24), torch.zeros(1, 2, 4, 16))
+    first = (torch.randn(1, 2, 3, 24), torch.randn(1, 2, 3, 16))
+    second = (torch.randn(1, 2, 3, 24), torch.randn(1, 2, 3, 16))
+    layer.update(*first)
+    keys, values = layer.update(*second)
+    assert layer.capacity >= 6 and keys.shape == (1, 2, 6, 24) and values.shape == (1, 2, 6, 16)
+    assert torch.equal(keys, torch.cat([first[0], second[0]], dim=2))
+    assert torch.equal(values, torch.cat([first[1], second[1]], dim=2))

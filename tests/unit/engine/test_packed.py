@@ -52,13 +52,18 @@ def tiny_deepseek():
 
 @pytest.fixture(params=["tiny_qwen", "tiny_llama", "tiny_glm"])
 def runner(request) -> ModelRunner:
+    """A packing runner: it switched the model to the packed attention (without it, packed_forward's rows would
+    attend to their new tokens only, so every test here first checks `runner.packing`)."""
     return ModelRunner(request.getfixturevalue(request.param).model)
 
 
 def row_tokens(vocab_size: int, seed: int) -> list[tuple[list[int], list[int]]]:
     """(cached prefix, new tokens) per row of ROWS; ids below 1000 exist in every tiny vocabulary."""
     rng = random.Random(seed)
-    draw = lambda n: [rng.randrange(3, min(vocab_size, 1000)) for _ in range(n)]  # noqa: E731
+
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(3, min(vocab_size, 1000)) for _ in range(n)]
+
     return [(draw(row.prefix), draw(row.new)) for row in ROWS]
 
 
@@ -99,10 +104,10 @@ def packed(runner: ModelRunner, kind: str, tokens) -> tuple[list[torch.Tensor], 
     return packed_forward(runner.model, segments), caches
 
 
-def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor], atol: float = ATOL) -> None:
+def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
     for row, a, b in zip(ROWS, got, want):
         assert a.shape == b.shape, row.name
-        torch.testing.assert_close(a, b, atol=atol, rtol=atol, msg=lambda m, name=row.name: f"{name}: {m}")
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=ATOL, msg=lambda m, name=row.name: f"{name}: {m}")
 
 
 def assert_caches_equal(got: list, want: list) -> None:
@@ -132,24 +137,25 @@ def test_a_packed_forward_equals_separate_forwards(runner, kind) -> None:
 
 
 def test_forward_rows_packs_into_one_model_call(runner) -> None:
+    assert runner.packing
     tokens = row_tokens(runner.config.vocab_size, seed=2)
     calls = []
-    hook = runner.model.register_forward_hook(lambda module, args, kwargs: calls.append(1))
-    try:
-        with torch.inference_mode():
-            caches = cached_rows(runner, "working", tokens)
-            calls.clear()
+    with torch.inference_mode():
+        caches = cached_rows(runner, "working", tokens)
+        hook = runner.model.register_forward_hook(lambda module, args, output: calls.append(1))
+        try:
             got = runner.forward_rows([Segment(c, new, all_logits=r.all_logits)
                                        for r, (_, new), c in zip(ROWS, tokens, caches)])
-            want, _ = separate(runner, "working", tokens)
-    finally:
-        hook.remove()
-    assert len(calls) == 1  # counted before the separate forwards ran (the hook stays on only for forward_rows)
+        finally:
+            hook.remove()
+        want, _ = separate(runner, "working", tokens)
+    assert len(calls) == 1
     assert_rows_equal(got, want)
 
 
 def test_no_row_sees_another_rows_tokens(runner) -> None:
     """Change one row's new tokens, then another row's cached prefix: every other row's logits stay the same."""
+    assert runner.packing
     tokens = row_tokens(runner.config.vocab_size, seed=3)
     other = row_tokens(runner.config.vocab_size, seed=4)
     with torch.inference_mode():
@@ -160,14 +166,15 @@ def test_no_row_sees_another_rows_tokens(runner) -> None:
             pair[part] = other[changed][part]
             perturbed[changed] = tuple(pair)
             got, _ = packed(runner, "working", perturbed)
-            assert not torch.allclose(got[changed], base[changed], atol=1e-3), "the perturbation must matter"
+            assert not torch.allclose(got[changed], base[changed], atol=1e-3), f"no effect on {ROWS[changed].name}"
             for i, (a, b) in enumerate(zip(got, base)):
                 if i != changed:
-                    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6,
-                                               msg=lambda m, i=i: f"{ROWS[i].name} saw row {changed}: {m}")
+                    assert torch.allclose(a, b, atol=1e-6, rtol=1e-6), f"{ROWS[i].name} saw {ROWS[changed].name}"
 
 
-def test_deepseek_mla_is_not_packed_and_forward_rows_still_serves_every_row(tiny_deepseek) -> None:
+@pytest.mark.parametrize("kind", ["working", "dynamic"])
+def test_deepseek_mla_is_not_packed_and_forward_rows_still_serves_every_row(tiny_deepseek, kind) -> None:
+    """MLA keys and values differ in width (the working caches' buffers grow with both)."""
     model = tiny_deepseek.model
     runner = ModelRunner(model)
     assert runner.packing is False
@@ -180,8 +187,8 @@ def test_deepseek_mla_is_not_packed_and_forward_rows_still_serves_every_row(tiny
         model.set_attn_implementation(previous)
     tokens = row_tokens(runner.config.vocab_size, seed=5)
     with torch.inference_mode():
-        want, want_caches = separate(runner, "working", tokens)
-        caches = cached_rows(runner, "working", tokens)
+        want, want_caches = separate(runner, kind, tokens)
+        caches = cached_rows(runner, kind, tokens)
         got = runner.forward_rows([Segment(c, new, all_logits=r.all_logits)
                                    for r, (_, new), c in zip(ROWS, tokens, caches)])
     assert_rows_equal(got, want)

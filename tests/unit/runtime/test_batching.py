@@ -1,0 +1,415 @@
+"""Continuous batching through LocalEngineClient on the tiny Qwen3 model: requests that run together produce
+exactly what each produces alone (greedy and seeded sampling, fenced or not, from any cache state), an aborted
+row leaves at the next step without disturbing the others, and admission honours max_batch and the cache
+budget without starving a request that needs more room.
+
+`Steps` wraps the engine's `runner.forward_rows` (the one call per engine step) to see each step's rows, and
+can hold the first step until the test has queued every request, so which requests run together is the
+test's choice rather than the thread pool's timing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from zllm.canonical import (
+    ChatRequest,
+    Finished,
+    FinishReason,
+    FunctionTool,
+    Message,
+    ResponseFormat,
+    SamplingParams,
+    TextDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolChoice,
+    Usage,
+)
+from zllm.engine.runner import ModelRunner
+from zllm.kvcache import CacheConfig, KVLayout
+from zllm.kvcache.pool import CAPACITY_QUANTUM, round_capacity
+from zllm.runtime import LocalEngineClient
+from zllm.runtime.report import RequestReport
+from zllm.runtime.scheduler import SchedulerConfig
+
+MODEL = "tiny"
+CODE = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(14))  # ~190 tokens
+LONG_SYSTEM = " ".join(f"rule{i}: keep functions small." for i in range(170))  # ~1150 tokens: two working sets
+
+
+def chat(rid: str, text: str, *, max_tokens: int, system: str | None = None, namespace: str = "",
+         **sampling) -> ChatRequest:
+    messages = ((Message("system", system),) if system else ()) + (Message("user", text),)
+    sampling.setdefault("temperature", 0.0)
+    return ChatRequest(id=rid, model=MODEL, messages=messages, namespace=namespace,
+                       sampling=SamplingParams(max_tokens=max_tokens, **sampling))
+
+
+# mixed prompt lengths and budgets, so rows finish at different steps while others still prefill or decode
+REQUESTS = (
+    chat("short", "Hi", max_tokens=10),
+    chat("medium", "Explain the difference between a list and a tuple in Python, briefly.", max_tokens=14),
+    chat("long", f"Review this file:\n{CODE}", max_tokens=8),
+    chat("sum", "What is 2+2?", max_tokens=16),
+    chat("system", "Summarize our rules.", system="You are terse. Answer in one line. Never apologize.",
+         max_tokens=12),
+    chat("haiku", "Write a haiku", max_tokens=6),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a client sees of one request (tool call ids are minted per call, so only names and arguments)."""
+
+    text: str
+    calls: tuple[tuple[str, str], ...]
+    reason: FinishReason
+    usage: Usage
+
+
+class Steps:
+    """Wraps `client.engine.runner.forward_rows`: records each step's row token counts and running rows, runs
+    `actions[n]` just before step n (1-based), and with `hold` keeps step 1 waiting until `release()`."""
+
+    def __init__(self, client: LocalEngineClient, *, hold: bool = False,
+                 actions: dict[int, Callable[[], None]] | None = None):
+        self.engine = client.engine
+        self.rows: list[list[int]] = []  # per step: tokens each row fed
+        self.running: list[int] = []  # per step: rows running
+        self.entered, self.released = threading.Event(), threading.Event()
+        self.actions = actions or {}
+        if not hold:
+            self.released.set()
+        self._forward_rows = client.engine.runner.forward_rows
+        client.engine.runner.forward_rows = self._step
+
+    def _step(self, segments):
+        self.entered.set()
+        assert self.released.wait(30), "the test never released the held step"
+        self.rows.append([len(segment.token_ids) for segment in segments])
+        self.running.append(self.engine.running)
+        if (action := self.actions.get(len(self.rows))) is not None:
+            action()
+        return self._forward_rows(segments)
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def first_step_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 30), "the engine never started a step"
+
+
+class Starts:
+    """Observer: the order requests finished their prefill ("started" reports), and their cache tiers."""
+
+    def __init__(self):
+        self.reports: list[RequestReport] = []
+
+    def __call__(self, report: RequestReport) -> None:
+        if report.phase == "started":
+            self.reports.append(report)
+
+    @property
+    def order(self) -> list[str]:
+        return [report.request_id for report in self.reports]
+
+    def tier(self, request_id: str) -> str:
+        return next(report.cache_tier for report in self.reports if report.request_id == request_id)
+
+
+@pytest.fixture
+def make_client(tiny_qwen, tmp_path):
+    clients = []
+
+    def make(*, scheduler: SchedulerConfig | None = None, budget: int = 64 << 20, ssd: bool = False,
+             prefix_cache: bool = True, observer=None, context_length: int | None = None) -> LocalEngineClient:
+        loaded = tiny_qwen if context_length is None else dataclasses.replace(tiny_qwen, context_length=context_length)
+        config = CacheConfig(device_budget_bytes=budget, ssd_dir=tmp_path / "kv" if ssd else None, ssd_min_tokens=1)
+        clients.append(LocalEngineClient(loaded, MODEL, 1, cache_config=config, prefix_cache=prefix_cache,
+                                         observer=observer, scheduler=scheduler))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def alone_client(tiny_qwen):
+    """Runs references one request at a time: no prefix cache, default scheduler (no chunking of these prompts)."""
+    client = LocalEngineClient(dataclasses.replace(tiny_qwen, context_length=4096), MODEL, 1, prefix_cache=False)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def alone(alone_client) -> dict[str, Outcome]:
+    return {request.id: run_alone(alone_client, request) for request in REQUESTS}
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=90))
+
+
+async def consume(stream) -> Outcome:
+    text, names, calls, finished = "", {}, [], None
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            text += event.text
+        elif isinstance(event, ToolCallStart):
+            names[event.index] = event.name
+        elif isinstance(event, ToolCallEnd):
+            calls.append((names[event.index], event.arguments))
+        elif isinstance(event, Finished):
+            finished = event
+    return Outcome(text, tuple(calls), finished.reason, finished.usage)
+
+
+def run_alone(client: LocalEngineClient, request: ChatRequest) -> Outcome:
+    async def main():
+        return await consume(await client.submit(request))
+    return run(main())
+
+
+async def together(client: LocalEngineClient, requests, steps: Steps) -> list[Outcome]:
+    """Submit concurrently while `steps` holds the first step, so every request is queued before it runs."""
+    try:
+        streams = await asyncio.gather(*(client.submit(request) for request in requests))
+    finally:
+        steps.release()
+    return list(await asyncio.gather(*(consume(stream) for stream in streams)))
+
+
+async def in_order(client: LocalEngineClient, requests, steps: Steps) -> list[Outcome]:
+    """The first request alone in step 1 (held), the rest queued behind it in this order."""
+    try:
+        streams = [await client.submit(requests[0])]
+        await steps.first_step_entered()
+        streams += [await client.submit(request) for request in requests[1:]]
+    finally:
+        steps.release()
+    return list(await asyncio.gather(*(consume(stream) for stream in streams)))
+
+
+def settle(client: LocalEngineClient) -> None:
+    """Wait until the engine retired every request (the last event is sent before the KV is handed back)."""
+    async def idle():
+        while client.engine._live:
+            await asyncio.sleep(0.01)
+    run(idle())
+
+
+def working_set_bytes(loaded) -> int:
+    """Bytes of one working set of the smallest capacity (what a short request holds while it runs)."""
+    with torch.inference_mode():
+        layout = KVLayout.of(ModelRunner(loaded.model).probe_kv_state())
+    return layout.bytes_per_token * CAPACITY_QUANTUM
+
+
+def prompt_tokens(client: LocalEngineClient, request: ChatRequest) -> int:
+    return len(client.renderer.render(request).token_ids)
+
+
+# ------------------------------------------------------------------------------------------- greedy rows
+
+
+def test_greedy_rows_together_equal_each_alone_token_for_token(make_client, alone) -> None:
+    client = make_client(prefix_cache=False,
+                         scheduler=SchedulerConfig(max_batch=8, prefill_chunk=16, idle_prefill_chunk=24))
+    steps = Steps(client, hold=True)
+    outcomes = run(together(client, REQUESTS, steps))
+    assert outcomes == [alone[request.id] for request in REQUESTS]
+    assert all(outcome.reason is FinishReason.LENGTH for outcome in outcomes)  # full budgets: nothing cut short
+    assert max(steps.running) == len(REQUESTS)  # all rows ran together
+    assert max(max(rows) for rows in steps.rows) <= 24  # every prompt was fed in chunks
+    assert prompt_tokens(client, REQUESTS[2]) > 4 * 24  # so the long one took several
+    mixed = [rows for rows in steps.rows if 1 in rows and any(n > 1 for n in rows)]
+    assert mixed, "some step carried decode tokens and prefill chunks together"
+
+
+def test_max_batch_is_honoured_and_waiting_rows_join_as_others_leave(make_client, alone) -> None:
+    client = make_client(prefix_cache=False, scheduler=SchedulerConfig(max_batch=2))
+    steps = Steps(client, hold=True)
+    outcomes = run(together(client, REQUESTS, steps))
+    assert outcomes == [alone[request.id] for request in REQUESTS]
+    assert max(steps.running) == 2 and max(len(rows) for rows in steps.rows) == 2
+
+
+# ------------------------------------------------------------------------------------------- cache states
+
+
+def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
+        make_client, tiny_qwen, alone_client) -> None:
+    """Three working sets fit the budget, cached entries hardly: earlier turns are evicted to the SSD tier."""
+    starts = Starts()
+    client = make_client(ssd=True, budget=3 * working_set_bytes(tiny_qwen), observer=starts, context_length=4096)
+    x1 = chat("x1", "Plan the refactor of the parser.", max_tokens=8, namespace="x", system=LONG_SYSTEM[:1500])
+    text_x1 = run_alone(client, x1).text
+    client.prefix_cache.flush()  # its snapshot is on disk before the device tier lets it go
+    for i in range(8):  # long unrelated requests until the device tier evicts x1
+        filler = chat(f"filler{i}", "ok", max_tokens=2, namespace="filler", system=f"{i} {LONG_SYSTEM[:3500]}")
+        run_alone(client, filler)
+        settle(client)
+        if "x1" not in client.prefix_cache.device_tier.entries:
+            break
+    assert "x1" not in client.prefix_cache.device_tier.entries, "x1 was never evicted"
+    y1 = chat("y1", "Write a sorting function.", max_tokens=8, namespace="y")
+    text_y1 = run_alone(client, y1).text
+    settle(client)
+    assert "y1" in client.prefix_cache.device_tier.entries
+
+    x2 = dataclasses.replace(x1, id="x2", messages=(*x1.messages, Message("assistant", text_x1),
+                                                     Message("user", "Start with the lexer.")))
+    y2 = dataclasses.replace(y1, id="y2", messages=(*y1.messages, Message("assistant", text_y1),
+                                                     Message("user", "Now make it stable.")))
+    z = chat("z", "Name three prime numbers.", max_tokens=8, namespace="z")
+    steps = Steps(client, hold=True)
+    outcomes = run(in_order(client, [y2, x2, z], steps))  # y2 first: its entry is looked up before evictions
+
+    assert (starts.tier("y2"), starts.tier("x2"), starts.tier("z")) == ("device", "ssd", "cold")
+    assert max(steps.running) == 3
+    for request, outcome in zip([y2, x2, z], outcomes):
+        reference = run_alone(alone_client, request)
+        assert (outcome.text, outcome.reason) == (reference.text, reference.reason), request.id
+        assert outcome.usage == dataclasses.replace(reference.usage, cached_tokens=outcome.usage.cached_tokens)
+    y_cached, x_cached, z_cached = (outcome.usage.cached_tokens for outcome in outcomes)
+    assert y_cached > prompt_tokens(client, y1) and x_cached > prompt_tokens(client, x1) and z_cached == 0
+    settle(client)
+    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+
+
+# ------------------------------------------------------------------------------------------- fenced, seeded
+
+WEATHER = FunctionTool("get_weather", "Weather for a city", {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["paris", "rome", "new york"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                   "metric": {"type": "boolean"}},
+    "required": ["city", "days"], "additionalProperties": False})
+VERDICT = {"type": "object",
+           "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]},
+                          "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+           "required": ["verdict", "score"], "additionalProperties": False}
+
+
+def valid_weather_call(arguments: str) -> bool:
+    args = json.loads(arguments)
+    return (set(args) <= {"city", "days", "metric"} and args.get("city") in ("paris", "rome", "new york")
+            and type(args.get("days")) is int and 1 <= args["days"] <= 9
+            and type(args.get("metric", True)) is bool)
+
+
+def valid_verdict(text: str) -> bool:
+    value = json.loads(text)
+    return set(value) == {"verdict", "score"} and value["verdict"] in ("yes", "no") and 0 <= value["score"] <= 9
+
+
+def sampled(rid: str, seed: int, **extra) -> ChatRequest:
+    return dataclasses.replace(chat(rid, "What is the weather in Rome?", max_tokens=60, temperature=1.0, seed=seed),
+                               **extra)
+
+
+def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_client) -> None:
+    client = make_client(prefix_cache=False)
+    requests = [
+        sampled("tools0", 0, tools=(WEATHER,), tool_choice=ToolChoice("required"), thinking=False),
+        sampled("tools1", 1, tools=(WEATHER,), tool_choice=ToolChoice("required"), thinking=False),
+        sampled("json2", 2, response_format=ResponseFormat(VERDICT)),
+        sampled("json3", 3, response_format=ResponseFormat(VERDICT)),
+        dataclasses.replace(sampled("free4", 4), sampling=SamplingParams(temperature=1.0, seed=4, max_tokens=16)),
+    ]
+    solo = [run_alone(client, request) for request in requests]
+    steps = Steps(client, hold=True)
+    outcomes = run(together(client, requests, steps))
+    assert outcomes == solo  # each row's seeded generator is its own: batching changes nothing
+    assert max(steps.running) == len(requests)
+    for outcome in outcomes[:2]:
+        assert outcome.calls and all(name == "get_weather" and valid_weather_call(args) for name, args in outcome.calls)
+    for outcome in outcomes[2:4]:
+        assert outcome.reason is FinishReason.STOP and valid_verdict(outcome.text)
+
+
+# ------------------------------------------------------------------------------------------- cancellation
+
+
+def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(make_client, alone, tiny_qwen) -> None:
+    client = make_client()
+    victim = chat("victim", "Tell me a very long story.", max_tokens=200)
+    others = REQUESTS[:3]  # each needs at least 8 more steps after its prefill: all outlive the abort
+    streams, in_use = {}, {}
+    abort_before = 6  # step 1 prefills the victim alone, step k feeds its token k-1
+
+    def abort() -> None:
+        in_use["before"] = client.prefix_cache.stats()["pool_in_use_bytes"]
+        streams["victim"].abort()
+
+    def after() -> None:
+        in_use["after"] = client.prefix_cache.stats()["pool_in_use_bytes"]
+
+    steps = Steps(client, hold=True, actions={abort_before: abort, abort_before + 1: after})
+
+    async def main():
+        try:
+            streams["victim"] = await client.submit(victim)
+            await steps.first_step_entered()
+            rest = [await client.submit(request) for request in others]
+        finally:
+            steps.release()
+        return await asyncio.gather(*(consume(stream) for stream in (streams["victim"], *rest)))
+
+    aborted, *finished = run(main())
+    assert aborted.reason is FinishReason.ABORT
+    assert aborted.usage.completion_tokens == abort_before - 1  # nothing sampled after the abort
+    assert steps.running[abort_before - 1:abort_before + 1] == [4, 3]  # gone from the very next step
+    assert len(steps.rows[abort_before]) == 3
+    set_bytes = working_set_bytes(tiny_qwen)
+    assert (in_use["before"], in_use["after"]) == (4 * set_bytes, 3 * set_bytes)  # its buffers went back at once
+    assert finished == [alone[request.id] for request in others]
+    settle(client)
+    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+
+
+# ------------------------------------------------------------------------------------------- admission
+
+
+def test_admission_keeps_running_working_sets_within_the_cache_budget(make_client, tiny_qwen, alone) -> None:
+    client = make_client(budget=int(2.5 * working_set_bytes(tiny_qwen)))
+    steps = Steps(client, hold=True)
+    requests = REQUESTS[:5]
+    outcomes = run(together(client, requests, steps))
+    assert all(outcome.reason is FinishReason.LENGTH for outcome in outcomes)  # nobody refused or failed
+    assert [outcome.text for outcome in outcomes] == [alone[request.id].text for request in requests]
+    assert max(steps.running) == 2
+    settle(client)
+    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+
+
+@pytest.mark.parametrize("fair_wait_s", [0.0, 60.0])
+def test_a_request_that_does_not_fit_is_passed_only_until_its_fair_wait_ends(make_client, tiny_qwen,
+                                                                            fair_wait_s) -> None:
+    """`first` runs; `big` needs two working sets and does not fit beside it; `small1`/`small2` would. With no
+    fair wait nobody passes `big`; with a long one `small1` does."""
+    starts = Starts()
+    client = make_client(budget=int(2.5 * working_set_bytes(tiny_qwen)), observer=starts, context_length=4096,
+                         scheduler=SchedulerConfig(fair_wait_s=fair_wait_s))
+    first = chat("first", "Count to twenty.", max_tokens=24)
+    big = chat("big", "Summarize the rules.", system=LONG_SYSTEM, max_tokens=4)
+    small1, small2 = chat("small1", "Hi", max_tokens=6), chat("small2", "Hello", max_tokens=6)
+    assert round_capacity(prompt_tokens(client, big) + 4) == 2 * CAPACITY_QUANTUM  # the premise: two sets
+    steps = Steps(client, hold=True)
+    outcomes = run(in_order(client, [first, big, small1, small2], steps))
+    assert all(outcome.reason is FinishReason.LENGTH for outcome in outcomes)
+    assert max(steps.running) <= 2
+    order = starts.order
+    if fair_wait_s == 0:
+        assert order == ["first", "big", "small1", "small2"] or order == ["first", "big", "small2", "small1"]
+    else:
+        assert order.index("small1") < order.index("big")
