@@ -2,7 +2,7 @@
 concurrent streams, and what a long prefill does to the requests around it, chunked vs unchunked.
 
     .venv/bin/python bench/batching.py [MODEL_DIR] [--threads 1] [--new-tokens 64] [--streams 1,4,8]
-        [--long-tokens 6000] [--short-delay S] [--repeats 2] [--figures streams,ttft,gap,packing]
+        [--long-tokens 6000] [--short-delay S] [--repeats 2] [--figures streams,ttft,gap,packing,speculative]
 
 MODEL_DIR defaults to the store's SmolLM2 ($ZLLM_DATA_DIR/models/smollm2), else the e2e tests' copy
 (~/.cache/zllm-tests/e2e-data/models/smollm2). Everything goes through the real engine loop (EngineLoop +
@@ -31,6 +31,9 @@ shared machine the ratios are the figures, absolute numbers are noise. One JSON 
 - packed_decode_tok_s: one lone stream through the packed forward (engine/packed.py) vs the unpacked path
   (ModelRunner(model, packing=False)), measured as aggregate_decode_tok_s at K=1; ratio = packed / unpacked,
   goal ~1.0 (what packing costs a request that has nobody to batch with).
+- speculative_echo_decode_tok_s: the echo-heavy agent turn of bench/speculative.py (rewrite a file shown in the
+  prompt, one edit) through the engine loop, plain vs prompt-lookup speculation (`--speculative`), greedy;
+  ratio = speculative / plain decode tok/s (goal >= 1.8), identical = the two texts are equal.
 
 The prefill figures run the long prompt 4 times (warm-up, alone) plus 4 per repeat. On the shared 2-core CPU,
 --long-tokens 3000 --new-tokens 32 --repeats 2 took ~6.5 min (a 3000-token prefill of the 135M model in fp32 on
@@ -57,9 +60,14 @@ from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # 
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest  # noqa: E402
 from zllm.runtime.scheduler import SchedulerConfig  # noqa: E402
+from zllm.runtime.speculative import SpeculationConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speculative import TURNS  # noqa: E402  (bench/speculative.py: the same echo turn)
 
 E2E_SMOLLM2 = Path.home() / ".cache" / "zllm-tests" / "e2e-data" / "models" / "smollm2"
-FIGURES = ("streams", "ttft", "gap", "packing")
+FIGURES = ("streams", "ttft", "gap", "packing", "speculative")
+ECHO_TURN = TURNS["echo"]
 HBM_BYTES_PER_S = 4.3e12  # measured on an H200 (PERF.md)
 TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a cartographer mapping a city that moves",
           "a baker who opens a shop on the moon", "two robots repairing an old clock tower",
@@ -106,16 +114,18 @@ def default_model_dir() -> Path:
 class Stream:
     """One request and its events, timestamped on the engine thread as they are emitted."""
 
-    def __init__(self, request_id: str, prompt_ids: list[int], max_tokens: int):
+    def __init__(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                 speculation: SpeculationConfig | None = None):
         self._changed = threading.Condition()
         self.token_times: list[float] = []
+        self.text = ""
         self.first_event_at: float | None = None
         self.finished: Finished | None = None
         self.finished_at = 0.0
         # built last: the request's submitted_at (the TTFT's start) is its creation time
         self.request = EngineRequest(request_id=request_id, prompt_ids=tuple(prompt_ids),
                                      sampling=SamplingConfig(0.0), max_tokens=max_tokens, sink=self._sink,
-                                     use_model_stop_tokens=False)
+                                     use_model_stop_tokens=False, speculation=speculation)
 
     def _sink(self, event) -> None:
         now = time.perf_counter()
@@ -124,6 +134,7 @@ class Stream:
                 self.first_event_at = now
             if isinstance(event, TextDelta):
                 self.token_times.append(now)
+                self.text += event.text
             elif isinstance(event, Finished):
                 self.finished, self.finished_at = event, now
             self._changed.notify_all()
@@ -343,6 +354,39 @@ def packing_figure(loaded: LoadedModel, runner: ModelRunner, renderer: PromptRen
                                  "prompt_tokens": len(prompt[0])}, facts)
 
 
+# ------------------------------------------------------------------ figure: speculative vs plain, echo turn
+
+def speculative_figure(loaded: LoadedModel, runner: ModelRunner, renderer: PromptRenderer, args, facts: dict) -> None:
+    """The echo-heavy agent turn of bench/speculative.py (rewrite a file from the prompt with one edit), through
+    the engine loop and its packed forwards: plain vs prompt-lookup speculation, greedy, identical text."""
+    prompt = chat_ids(renderer, ECHO_TURN)
+    new_tokens = min(max(args.new_tokens, 160), loaded.context_length - len(prompt))
+    sides = {"plain": None, "speculative": SpeculationConfig()}
+
+    def run(config) -> tuple[float, Stream]:
+        engine = new_engine(loaded, runner)
+        stream = submitted(engine, Stream("echo", prompt, new_tokens, config))
+        engine.start()
+        try:
+            stream.wait_all_tokens()
+        finally:
+            engine.shutdown()
+        return stream.finished_at - stream.token_times[0], stream
+
+    for config in sides.values():
+        run(config)  # warm-up
+    best, texts = {name: 0.0 for name in sides}, {}
+    for _ in range(args.repeats):
+        for name, config in sides.items():
+            seconds, stream = run(config)
+            best[name] = max(best[name], (new_tokens - 1) / seconds)
+            texts[name] = stream.text
+    emit("speculative_echo_decode_tok_s", {**{name: round(rate, 2) for name, rate in best.items()},
+                                           "ratio": round(best["speculative"] / best["plain"], 3),
+                                           "identical": texts["plain"] == texts["speculative"],
+                                           "new_tokens": new_tokens, "prompt_tokens": len(prompt)}, facts)
+
+
 def emit(figure: str, values: dict, facts: dict) -> None:
     print(json.dumps({"bench": "batching", "figure": figure, **values, **facts}), flush=True)
 
@@ -362,6 +406,8 @@ def main() -> None:
         prefill_figures(loaded, runner, renderer, args, facts, figures)
     if "packing" in figures:
         packing_figure(loaded, runner, renderer, args, facts)
+    if "speculative" in figures:
+        speculative_figure(loaded, runner, renderer, args, facts)
 
 
 if __name__ == "__main__":

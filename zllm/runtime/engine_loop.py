@@ -167,11 +167,11 @@ class EngineLoop:
 
     def _admit_waiting(self) -> None:
         """Start waiting requests, oldest first, while rows are free and their buffers fit (scheduler.py)."""
-        for request in self._line.candidates():
+        for request in self._line.candidates():  # hung up while waiting: end now, even behind a full batch
             if request.aborted.is_set():
                 self._line.remove(request)
                 self._end_unstarted(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
-                continue
+        for request in self._line.candidates():
             if len(self._rows) >= self.scheduler.max_batch:
                 return
             if self._rows and not self._fits(request):

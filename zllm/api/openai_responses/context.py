@@ -5,9 +5,15 @@ from __future__ import annotations
 from aiohttp import web
 
 from zllm.api.openai_responses.chain import BackgroundStore
+from zllm.api.openai_responses.in_flight import InFlightResponses
 
 RESPONSES = web.AppKey("zllm.responses.store", BackgroundStore)
+IN_FLIGHT = web.AppKey("zllm.responses.in_flight", InFlightResponses)
 
 
 def store_of(request: web.Request) -> BackgroundStore:
     return request.app[RESPONSES]
+
+
+def in_flight_of(request: web.Request) -> InFlightResponses:
+    return request.app[IN_FLIGHT]

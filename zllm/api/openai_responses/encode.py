@@ -15,7 +15,8 @@ JSON text frame each) carry the same objects; every one has a `sequence_number`,
                        custom:    … {type: "custom_tool_call", id: "ctc_…", call_id, name, input: ""} →
                                   response.custom_tool_call_input.delta → .done → response.output_item.done
     Finished           response.completed | response.incomplete (LENGTH) | response.failed (ERROR);
-                       nothing for ABORT (the client is gone)
+                       ABORT after `cancel()`: response.incomplete with status "cancelled" (see wire.py);
+                       any other ABORT: nothing (a disconnect or shutdown: nobody is listening)
 
 A custom tool's input arrives as JSON `{"input": "…"}` text; it is sent as one delta once the call ends
 (streaming it would need an incremental JSON-string decoder; no client here shows partial input).
@@ -86,6 +87,8 @@ class ResponseEventEncoder:
         self._reasoning: _OpenItem | None = None
         self._calls: dict[int, _OpenItem] = {}   # canonical tool call index → open call
         self._reasoning_deltas = 0
+        self.cancelled = False
+        self.final: dict | None = None           # the response as its terminal event carried it
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -113,6 +116,14 @@ class ResponseEventEncoder:
             case Finished():
                 return self._finish(event)
         raise TypeError(f"not a canonical event: {event!r}")
+
+    def cancel(self) -> None:
+        """`POST /v1/responses/{id}/cancel` stops this response: the ABORT its stream ends with is a cancel."""
+        self.cancelled = True
+
+    def cancelled_snapshot(self) -> dict:
+        """The response as a cancel sees it before its stream has ended (output so far, no usage yet)."""
+        return {**self._snapshot(), "status": wire.STATUS_CANCELLED, "output": list(self._output)}
 
     def fail(self, error: ApiError) -> list[dict]:
         failed = {**self._snapshot(), "status": wire.STATUS_FAILED, "error": failed_error_body(error)}
@@ -221,7 +232,7 @@ class ResponseEventEncoder:
     # ---------------------------------------------------------------- the end
 
     def _finish(self, finished: Finished) -> list[dict]:
-        if finished.reason is FinishReason.ABORT:
+        if finished.reason is FinishReason.ABORT and not self.cancelled:
             return []
         status = wire.FINISH_STATUS[finished.reason]
         item_status = wire.STATUS_COMPLETED if status == wire.STATUS_COMPLETED else wire.STATUS_INCOMPLETE
@@ -242,6 +253,7 @@ class ResponseEventEncoder:
                 "reason": wire.INCOMPLETE_REASONS.get(reason, wire.INCOMPLETE_MAX_OUTPUT_TOKENS)}
         if error is not None:
             response["error"] = failed_error_body(error)
+        self.final = response
         if self.on_finish is not None:
             self.on_finish(response)
         return self._emit(wire.TERMINAL_EVENTS[status], response=response)

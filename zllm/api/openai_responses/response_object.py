@@ -10,7 +10,8 @@
                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 12}}
 
 `status`: in_progress → completed | incomplete (`incomplete_details.reason = "max_output_tokens"`) |
-failed (`error = {"code": "context_length_exceeded" | "server_error" | …, "message": …}`).
+failed (`error = {"code": "context_length_exceeded" | "server_error" | …, "message": …}`) |
+cancelled (`POST /v1/responses/{id}/cancel` stopped it; see in_flight.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
                                   config (Codex then falls back to POST); 405 without an upgrade
     GET    /v1/responses/{id}   → the stored response object (404 for unknown ids and other API keys' ones)
     DELETE /v1/responses/{id}   → {"id": …, "object": "response", "deleted": true}
+    POST   /v1/responses/{id}/cancel → the response object, status "cancelled" (see `cancel_response`)
 
 Errors before the first event (bad body, unknown previous_response_id, unknown model, prompt too long) are
 plain HTTP errors in OpenAI's shape; the engine raises them from `submit`, so no broken stream is started.
@@ -24,12 +25,14 @@ from zllm.api.openai_responses.chain import (
     ResponseChain,
     ResponseNotFound,
 )
-from zllm.api.openai_responses.context import RESPONSES, store_of
+from zllm.api.openai_responses.context import IN_FLIGHT, RESPONSES, in_flight_of, store_of
 from zllm.api.openai_responses.encode import ResponseEventEncoder
+from zllm.api.openai_responses.in_flight import InFlightResponses
 from zllm.api.openai_responses.turn import Turn, begin_turn, collect
 from zllm.api.openai_responses.websocket import WebSocketSessions, responses_websocket
 from zllm.api.sse import SseMessage, SsePayload, SseWriter, stream_sse
 from zllm.canonical import Event
+from zllm.errors import InvalidRequest
 from zllm.store import ResponseStore
 
 PATH = "/v1/responses"
@@ -38,13 +41,15 @@ PATH = "/v1/responses"
 @uses_error_shape(openai_error_body)
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = parse_json_object(await request.read())
+    namespace = request_namespace(request)
     turn = await begin_turn(body, engine=engine_of(request), chain=ResponseChain(store_of(request)),
-                            namespace=request_namespace(request))
-    if not turn.call.stream:
-        return web.json_response(await collect(turn))
-    if turn.stream is None:
-        return await _send_prewarm(request, turn)
-    return await stream_sse(request, turn.stream, SseEvents(turn.encoder), heartbeat_s=heartbeat_of(request))
+                            namespace=namespace)
+    if turn.stream is None:  # `generate: false`: nothing runs, so nothing can be cancelled
+        return await _send_prewarm(request, turn) if turn.call.stream else web.json_response(await collect(turn))
+    with in_flight_of(request).track(turn, namespace):
+        if not turn.call.stream:
+            return web.json_response(await collect(turn))
+        return await stream_sse(request, turn.stream, SseEvents(turn.encoder), heartbeat_s=heartbeat_of(request))
 
 
 async def _send_prewarm(request: web.Request, turn: Turn) -> web.StreamResponse:
@@ -92,12 +97,37 @@ async def delete_response(request: web.Request) -> web.Response:
     return web.json_response({"id": response_id, "object": wire.RESPONSE, "deleted": True})
 
 
+@uses_error_shape(openai_error_body)
+async def cancel_response(request: web.Request) -> web.Response:
+    """OpenAI cancels only `background: true` responses. zllm has no background mode: what runs long here are
+    the responses it is generating for a waiting client (SSE, WebSocket or plain), so those are what cancel
+    stops; their stream ends as cancelled and the call answers with the final, cancelled response.
+
+    A response no longer running answers as OpenAI answers for a background one: a cancelled one is returned
+    as is (cancelling twice is idempotent), one that ended any other way is a 400 ("Cannot cancel a completed
+    response."), an unknown one (or another API key's, or one never stored) a 404.
+    """
+    response_id = request.match_info["response_id"]
+    namespace = request_namespace(request)
+    running = in_flight_of(request).find(response_id, namespace)
+    if running is not None:
+        return web.json_response(await running.cancel())
+    record = await store_of(request).load(response_id, namespace)
+    if record is None:
+        raise ResponseNotFound(response_id)
+    status = record.response["status"]
+    if status != wire.STATUS_CANCELLED:
+        raise InvalidRequest(f"Cannot cancel a {status} response.")
+    return web.json_response(record.response)
+
+
 def add_routes(app: web.Application, *, store: ResponseStore | None = None, websocket: bool = True) -> None:
     """`store=None`: an in-memory store that lives as long as the app (tests, and `store: true` without a
     state dir). A store passed in belongs to the caller, who closes it after the app has shut down."""
     owned = store is None
     background = BackgroundStore(ResponseStore.in_memory() if owned else store)
     app[RESPONSES] = background
+    app[IN_FLIGHT] = InFlightResponses()
     sessions = WebSocketSessions.install(app, enabled=websocket)
 
     async def close_store(_app: web.Application) -> None:
@@ -111,3 +141,4 @@ def add_routes(app: web.Application, *, store: ResponseStore | None = None, webs
     app.router.add_get(PATH, responses_websocket)
     app.router.add_get(PATH + "/{response_id}", retrieve_response)
     app.router.add_delete(PATH + "/{response_id}", delete_response)
+    app.router.add_post(PATH + "/{response_id}/cancel", cancel_response)

@@ -79,6 +79,8 @@ async def collect(turn: Turn) -> dict:
 
 
 def _final(finished: Finished | None, terminal: dict | None) -> dict:
+    if terminal is not None and terminal["response"]["status"] == wire.STATUS_CANCELLED:
+        return terminal["response"]  # cancelled: the caller gets what was generated (other ABORTs raise)
     raise_unless_completed(finished)
     assert terminal is not None, "the encoder answers every completed Finished with a terminal event"
     return terminal["response"]

@@ -34,7 +34,8 @@ from zllm.api.errors import (
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
-from zllm.api.openai_responses.context import store_of
+from zllm.api.openai_responses.context import in_flight_of, store_of
+from zllm.api.openai_responses.in_flight import InFlightResponses
 from zllm.api.openai_responses.turn import Turn, begin_turn
 from zllm.api.sse import CLIENT_GONE
 from zllm.canonical import EngineClient, Finished, RequestStream
@@ -77,7 +78,7 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
     await ws.prepare(request)
     chain = ResponseChain(store_of(request), ConnectionResponses())
-    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request))
+    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request))
     sessions.open.add(session)
     try:
         await session.run()
@@ -90,11 +91,13 @@ class WebSocketSession:
     """One connection. A reader task takes frames off the socket all the time, so a client that closes
     mid-response is noticed at once (its request is aborted), not only at the next failed write."""
 
-    def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str):
+    def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str,
+                 in_flight: InFlightResponses):
         self.ws = ws
         self.engine = engine
         self.chain = chain
         self.namespace = namespace
+        self.in_flight = in_flight  # where `POST /v1/responses/{id}/cancel` finds this socket's response
         self.busy = False
         self.closing = False
         self._inbox: asyncio.Queue[WSMessage | None] = asyncio.Queue()
@@ -145,7 +148,8 @@ class WebSocketSession:
         if turn.stream is None:
             await self._send(turn.encoder.prewarm())
         else:
-            await self._pump(turn)
+            with self.in_flight.track(turn, self.namespace):
+                await self._pump(turn)
 
     async def _pump(self, turn: Turn) -> None:
         stream = self._in_flight = turn.stream

@@ -68,6 +68,7 @@ STATUS_COMPLETED = "completed"
 STATUS_INCOMPLETE = "incomplete"
 STATUS_FAILED = "failed"
 STATUS_IN_PROGRESS = "in_progress"
+STATUS_CANCELLED = "cancelled"
 FINISH_STATUS: dict[FinishReason, str] = {
     FinishReason.STOP: STATUS_COMPLETED,
     FinishReason.STOP_SEQUENCE: STATUS_COMPLETED,
@@ -75,11 +76,16 @@ FINISH_STATUS: dict[FinishReason, str] = {
     FinishReason.LENGTH: STATUS_INCOMPLETE,
     FinishReason.REPETITION: STATUS_INCOMPLETE,
     FinishReason.ERROR: STATUS_FAILED,
+    FinishReason.ABORT: STATUS_CANCELLED,  # only after `POST /v1/responses/{id}/cancel` (encode.py)
 }
 TERMINAL_EVENTS: dict[str, str] = {
     STATUS_COMPLETED: "response.completed",
     STATUS_INCOMPLETE: "response.incomplete",
     STATUS_FAILED: "response.failed",
+    # OpenAI's stream has no `response.cancelled` event, and the SDKs end a response (stream accumulator,
+    # WebSocket session) only at completed / failed / incomplete: a cancelled response ends with
+    # `response.incomplete` whose `response.status` is "cancelled" (incomplete_details stays null)
+    STATUS_CANCELLED: "response.incomplete",
 }
 INCOMPLETE_MAX_OUTPUT_TOKENS = "max_output_tokens"
 # not an OpenAI value: the loop guard stopped a generation stuck repeating itself
