@@ -1,0 +1,52 @@
+"""`zllm serve --draft-model`: a draft model named by store name drafts for the served model, the output is the
+greedy output of a daemon without one, and a draft with another vocabulary is refused at startup."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import openai
+
+from tests.integration.conftest import TINY, linked_data_dir
+from tests.support.daemon import Daemon
+from tests.support.tiny_models import tiny_llama_dir
+
+# echo-heavy, so a draft (here the model itself: every greedy draft is right) has something to propose
+PROMPT = "Repeat exactly: alpha beta gamma delta epsilon, alpha beta gamma delta epsilon, alpha beta gamma"
+
+
+def greedy_text(daemon: Daemon) -> tuple[str, int]:
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="k", max_retries=0, timeout=60)
+    answer = client.chat.completions.create(model=TINY, messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=40, temperature=0)
+    return answer.choices[0].message.content, answer.usage.completion_tokens
+
+
+def test_a_draft_model_from_the_store_gives_the_plain_greedy_output(tiny_data_dir, tmp_path) -> None:
+    plain = Daemon(linked_data_dir(tiny_data_dir, tmp_path / "plain"), TINY).wait_ready()
+    try:
+        expected = greedy_text(plain)
+    finally:
+        plain.stop()
+    drafted = Daemon(linked_data_dir(tiny_data_dir, tmp_path / "drafted"), TINY, "--draft-model", TINY).wait_ready()
+    try:
+        assert greedy_text(drafted) == expected
+        finished = [r for r in drafted.control().trace(last=5) if r.get("phase") == "finished"]
+        assert finished and finished[-1]["drafted_tokens"] > 0 and finished[-1]["accepted_tokens"] > 0
+    finally:
+        drafted.stop()
+    assert "Traceback" not in drafted.log()
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tiny_data_dir, tmp_path) -> None:
+    data_dir = linked_data_dir(tiny_data_dir, tmp_path / "refused")
+    result = subprocess.run(
+        [sys.executable, "-m", "zllm", "serve", "--model", TINY, "--draft-model", str(tiny_llama_dir())],
+        capture_output=True, text=True, timeout=120,
+        env={"ZLLM_DATA_DIR": str(data_dir), "ZLLM_STATE_DIR": str(tmp_path / "state"),
+             "ZLLM_CACHE_DIR": str(tmp_path / "cache"), "ZLLM_RUNTIME_DIR": str(tmp_path / "run"),
+             "ZLLM_THREADS": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1, result.stderr
+    assert "error:" in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+    assert "draft" in result.stderr.lower()
