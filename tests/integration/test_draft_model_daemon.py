@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import openai
 
@@ -23,6 +24,17 @@ def greedy_text(daemon: Daemon) -> tuple[str, int]:
     return answer.choices[0].message.content, answer.usage.completion_tokens
 
 
+def finished_report(daemon: Daemon, timeout: float = 10.0) -> dict:
+    """The request's finished report (published just after the client's last event: poll for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        finished = [r for r in daemon.control().trace(last=5) if r.get("phase") == "finished"]
+        if finished or time.monotonic() > deadline:
+            assert finished, "no finished report in the trace"
+            return finished[-1]
+        time.sleep(0.1)
+
+
 def test_a_draft_model_from_the_store_gives_the_plain_greedy_output(tiny_data_dir, tmp_path) -> None:
     plain = Daemon(linked_data_dir(tiny_data_dir, tmp_path / "plain"), TINY).wait_ready()
     try:
@@ -32,8 +44,8 @@ def test_a_draft_model_from_the_store_gives_the_plain_greedy_output(tiny_data_di
     drafted = Daemon(linked_data_dir(tiny_data_dir, tmp_path / "drafted"), TINY, "--draft-model", TINY).wait_ready()
     try:
         assert greedy_text(drafted) == expected
-        finished = [r for r in drafted.control().trace(last=5) if r.get("phase") == "finished"]
-        assert finished and finished[-1]["drafted_tokens"] > 0 and finished[-1]["accepted_tokens"] > 0
+        report = finished_report(drafted)
+        assert report["drafted_tokens"] > 0 and report["accepted_tokens"] > 0
     finally:
         drafted.stop()
     assert "Traceback" not in drafted.log()

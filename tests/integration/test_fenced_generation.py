@@ -9,20 +9,14 @@ Random weights know nothing about tools: whatever valid output appears is the fe
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-from dataclasses import dataclass
 
 import pytest
 
-from tests.support.deepseek_models import tiny_deepseek_dir
-from tests.support.glm_models import tiny_glm_dir
-from tests.support.tiny_models import tiny_qwen_dir
+from tests.support.fenced_tools import CASES, TOOLS, TOOLS_BY_NAME, Case, run, valid
 from zllm.canonical import (
     ChatRequest,
     Finished,
-    FunctionTool,
     Message,
     SamplingParams,
     TextDelta,
@@ -34,31 +28,6 @@ from zllm.engine.loader import load_model
 from zllm.runtime import LocalEngineClient
 
 SEEDS = int(os.environ.get("ZLLM_FENCE_SEEDS", "100"))
-WEATHER = FunctionTool("get_weather", "Weather for a city", {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["paris", "rome", "new york"]},
-                   "days": {"type": "integer", "minimum": 1, "maximum": 9},
-                   "metric": {"type": "boolean"}},
-    "required": ["city", "days"], "additionalProperties": False})
-SEARCH = FunctionTool("search", "Search the web", {
-    "type": "object", "properties": {"query": {"type": "string", "maxLength": 12}},
-    "required": ["query"], "additionalProperties": False})
-TOOLS = (WEATHER, SEARCH)
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    model_dir: object
-    dialect: str
-    trigger: str  # the text that opens a call in this dialect
-
-
-CASES = [
-    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>"),
-    Case("glm45", tiny_glm_dir, "glm45", "<tool_call>"),
-    Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>"),
-]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: case.name)
@@ -68,26 +37,6 @@ def engine(request):
                                dialect=case.dialect, prefix_cache=False)
     yield case, client
     client.close()
-
-
-def valid(tool: FunctionTool, arguments: str) -> bool:
-    """The subset of JSON Schema the test tools use: types, enum, bounds, maxLength, required, no extras."""
-    try:
-        args = json.loads(arguments)
-    except ValueError:
-        return False
-    schema = tool.parameters
-    if not isinstance(args, dict) or set(args) - set(schema["properties"]) or set(schema["required"]) - set(args):
-        return False
-    for key, value in args.items():
-        rule = schema["properties"][key]
-        ok = {"string": isinstance(value, str), "integer": type(value) is int,
-              "boolean": type(value) is bool}[rule["type"]]
-        ok = ok and value in rule.get("enum", [value]) and len(str(value)) <= rule.get("maxLength", 10 ** 6)
-        ok = ok and rule.get("minimum", value) <= value <= rule.get("maximum", value) if rule["type"] == "integer" else ok
-        if not ok:
-            return False
-    return True
 
 
 async def calls_of(client: LocalEngineClient, choice: ToolChoice, seed: int, *, first_only: bool,
@@ -112,32 +61,26 @@ async def calls_of(client: LocalEngineClient, choice: ToolChoice, seed: int, *, 
     return calls, text, finished, open_call
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, timeout=120))
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("tool", "search")], ids=["required", "named"])
 def test_forced_calls_are_valid_for_every_seed(engine, choice) -> None:
     case, client = engine
-    tools = {tool.name: tool for tool in TOOLS}
     for seed in range(SEEDS):
         # room for the longest call (DSML tags are several tokens each over the V3.1 vocabulary)
         calls, text, _, _ = run(calls_of(client, choice, seed, first_only=True, max_tokens=200))
         assert calls, f"seed {seed}: no complete call within the budget (text {text!r})"
         name, arguments = calls[0]
         assert choice.name in (None, name), f"seed {seed}: called {name}, not the named tool"
-        assert valid(tools[name], arguments), f"seed {seed}: invalid call {name} {arguments}"
+        assert valid(TOOLS_BY_NAME[name], arguments), f"seed {seed}: invalid call {name} {arguments}"
         assert not text.strip(), f"seed {seed}: text {text!r} under tool_choice {choice.mode}"
 
 
 @pytest.mark.timeout(900)
 def test_auto_calls_that_start_are_valid_and_none_never_calls(engine) -> None:
     case, client = engine
-    tools = {tool.name: tool for tool in TOOLS}
     for seed in range(max(SEEDS // 4, 5)):
         calls, _, finished, open_call = run(calls_of(client, ToolChoice("auto"), seed, first_only=False))
-        assert all(valid(tools[name], arguments) for name, arguments in calls), f"seed {seed}: {calls}"
+        assert all(valid(TOOLS_BY_NAME[name], arguments) for name, arguments in calls), f"seed {seed}: {calls}"
         assert finished is not None and (not open_call or finished.reason.value == "length")
         calls, text, finished, _ = run(calls_of(client, ToolChoice("none"), seed, first_only=False))
         assert not calls and case.trigger not in text, f"seed {seed}: a call under tool_choice none: {text!r}"

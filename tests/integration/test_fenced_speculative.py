@@ -27,7 +27,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from tests.integration.test_fenced_generation import CASES, TOOLS, Case, run, valid
+from tests.support.fenced_tools import CASES, TOOLS, TOOLS_BY_NAME, Case, run, valid
+from tests.support.speculation import ModelHooks, force_rows
 from zllm.canonical import (
     ChatRequest,
     Event,
@@ -62,7 +63,6 @@ GREEDY_MAX_TOKENS = {"hermes": 48, "glm45": 48, "deepseek-v3.2": 80}
 # what constrains each greedy run: tools and tool choice (no tools: no fence at all)
 FENCES = {"required": (TOOLS, ToolChoice("required")), "auto": (TOOLS, ToolChoice("auto")),
           "unfenced": ((), ToolChoice("auto"))}
-TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}
 
 
 class DraftCounter:
@@ -106,7 +106,7 @@ class DraftCounter:
         return self.completion_tokens - self.decode_forwards - self.requests
 
 
-class forced_opening:
+class forced_opening(ModelHooks):
     """Context manager: make the model's output open with `token_ids`, whatever its weights; its own logits
     pass through after them. Keyed by the position each kept logits row decides, not by forward count, so a
     k-token verify forward forces what k decode steps would."""
@@ -115,29 +115,17 @@ class forced_opening:
         self.model, self.prompt_length, self.token_ids = model, prompt_length, token_ids
         self._kept_positions: list[int] = []
 
+    def _hooks(self) -> tuple:
+        return (self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                self.model.get_output_embeddings().register_forward_hook(self._force))
+
     def _before_forward(self, module, args, kwargs) -> None:
         self._kept_positions = kept_positions(kwargs)
 
     def _force(self, module, inputs, logits):  # logits: [1, rows kept, vocab]
         # the row after `position` decides output token `position + 1 - prompt_length`
-        scripted = [(row, self.token_ids[index]) for row, position in enumerate(self._kept_positions)
-                    if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)]
-        if not scripted:
-            return logits
-        forced = logits.clone()
-        for row, token_id in scripted:
-            forced[0, row] = -1e4
-            forced[0, row, token_id] = 1e4
-        return forced
-
-    def __enter__(self):
-        self._handles = (self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-                         self.model.get_output_embeddings().register_forward_hook(self._force))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
+        return force_rows(logits, [(row, self.token_ids[index]) for row, position in enumerate(self._kept_positions)
+                                   if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)])
 
 
 def kept_positions(forward_kwargs: dict) -> list[int]:

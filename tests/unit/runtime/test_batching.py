@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tests.support.fenced_tools import WEATHER, valid
 from zllm.canonical import (
     ChatRequest,
     Finished,
     FinishReason,
-    FunctionTool,
     Message,
     ResponseFormat,
     SamplingParams,
@@ -288,23 +288,10 @@ def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
 
 # ------------------------------------------------------------------------------------------- fenced, seeded
 
-WEATHER = FunctionTool("get_weather", "Weather for a city", {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["paris", "rome", "new york"]},
-                   "days": {"type": "integer", "minimum": 1, "maximum": 9},
-                   "metric": {"type": "boolean"}},
-    "required": ["city", "days"], "additionalProperties": False})
 VERDICT = {"type": "object",
            "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]},
                           "score": {"type": "integer", "minimum": 0, "maximum": 9}},
            "required": ["verdict", "score"], "additionalProperties": False}
-
-
-def valid_weather_call(arguments: str) -> bool:
-    args = json.loads(arguments)
-    return (set(args) <= {"city", "days", "metric"} and args.get("city") in ("paris", "rome", "new york")
-            and type(args.get("days")) is int and 1 <= args["days"] <= 9
-            and type(args.get("metric", True)) is bool)
 
 
 def valid_verdict(text: str) -> bool:
@@ -332,7 +319,7 @@ def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_cli
     assert outcomes == solo  # each row's seeded generator is its own: batching changes nothing
     assert max(steps.running) == len(requests)
     for outcome in outcomes[:2]:
-        assert outcome.calls and all(name == "get_weather" and valid_weather_call(args) for name, args in outcome.calls)
+        assert outcome.calls and all(name == "get_weather" and valid(WEATHER, args) for name, args in outcome.calls)
     for outcome in outcomes[2:4]:
         assert outcome.reason is FinishReason.STOP and valid_verdict(outcome.text)
 

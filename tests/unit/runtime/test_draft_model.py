@@ -7,15 +7,26 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import shutil
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from tests.support.speculation import (
+    EDIT_EXAMPLE,
+    EDIT_GRAMMAR,
+    FILE,
+    STOP_IDS,
+    Generation,
+    ModelHooks,
+    check_edit,
+    echo_model,
+    encode,
+    plain,
+    speculative,
+)
 from tests.support.tiny_models import (
     QWEN_VOCAB_SIZE,
     tiny_llama_dir,
@@ -23,113 +34,15 @@ from tests.support.tiny_models import (
     tiny_qwen_dir,
     tiny_qwen_tokenizer,
 )
-from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
-from zllm.engine.kv_layers import crop_to
 from zllm.engine.runner import ModelRunner
-from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import ConfigError
 from zllm.runtime.draft_model import DraftModel, DraftModelDrafter, load_draft_model
-from zllm.runtime.fence import FenceCompiler, sample_fenced
+from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep
 
 # always draft (no backoff after a rejection): every step exercises the drafter
 ALWAYS = SpeculationConfig(max_draft=5, max_backoff=0)
-
-# ------------------------------------------------------------------ as in test_speculative.py (kept here so this
-# file does not import that one, and through it the engine loop)
-
-IM_END, END_OF_TEXT = 151645, 151643
-STOP_IDS = frozenset({IM_END, END_OF_TEXT})
-GREEDY = SamplingConfig(temperature=0.0)
-FILE = "def add(a, b):\n    total = a + b\n    return total\n\n\nprint(add(2, 3))\n"
-SCHEMA = {
-    "type": "object",
-    "properties": {"path": {"type": "string", "maxLength": 12}, "line": {"type": "integer", "maximum": 99},
-                   "mode": {"enum": ["replace", "append"]}},
-    "required": ["path", "line", "mode"],
-    "additionalProperties": False,
-    "x-guidance": CANONICAL_JSON_GUIDANCE,
-}
-EDIT_GRAMMAR = FenceGrammar("%llguidance {}\nstart: %json " + json.dumps(SCHEMA))
-EDIT_EXAMPLE = '{"path": "src/app.py", "line": 42, "mode": "replace"}'
-
-
-def encode(text: str) -> list[int]:
-    return tiny_qwen_tokenizer().encode(text, add_special_tokens=False)
-
-
-class echo_model:
-    """Make `model` continue `script` at every position: after script[i] it emits script[i + 1] (the first such
-    pair wins for a repeated token), after any other token script[0]; after a `gaps` token its own random logits
-    pass through. Keyed by each position's input token, so a k-token forward sees what k decode steps see."""
-
-    def __init__(self, model, script: list[int], gaps: tuple[int, ...] = ()):
-        self.model, self.first, self.gaps = model, script[0], set(gaps)
-        self.next: dict[int, int] = {}
-        for token_id, following in zip(script, script[1:]):
-            self.next.setdefault(token_id, following)
-
-    def _capture(self, module, args):
-        self._ids = args[0]  # input_ids [1, n]
-
-    def _force(self, module, inputs, output):  # output: [1, kept positions, vocab]
-        forced = output.clone()
-        for position, token_id in enumerate(self._ids[0, -output.shape[1]:].tolist()):
-            if token_id not in self.gaps:
-                forced[0, position] = -1e4
-                forced[0, position, self.next.get(token_id, self.first)] = 1e4
-        return forced
-
-    def __enter__(self):
-        self._handles = (self.model.get_input_embeddings().register_forward_pre_hook(self._capture),
-                         self.model.get_output_embeddings().register_forward_hook(self._force))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-
-
-@dataclass
-class Generation:
-    tokens: list[int]
-    ending: str
-    cache_length: int
-
-
-def emit(token_id: int, tokens: list[int], max_tokens: int, fence, guard) -> str | None:
-    """The engine loop's per-token output path, in its order: fence, stop/budget, loop guard."""
-    tokens.append(token_id)
-    if fence is not None:
-        fence.advance(token_id)
-    if token_id in STOP_IDS:
-        return "stop"
-    if len(tokens) >= max_tokens:
-        return "length"
-    if guard is not None:
-        guard.observe(token_id)
-        if guard.verdict() is not None:
-            return "repetition"
-    return None
-
-
-def plain(runner, prompt, max_tokens, *, fence=None) -> Generation:
-    """The engine loop's plain step, one token per forward (greedy)."""
-    sampler, cache, tokens = Sampler(GREEDY), runner.new_cache(), []
-    logits = runner.prefill(prompt, cache)
-    while True:
-        token = sample_fenced(sampler, logits, fence)
-        if (ending := emit(token.item(), tokens, max_tokens, fence, None)) is not None:
-            return Generation(tokens, ending, cache.get_seq_length())
-        logits = runner.decode(token, cache)
-
-
-def check_edit(text: str) -> None:
-    value = json.loads(text)
-    assert set(value) == {"path", "line", "mode"} and value["mode"] in ("replace", "append")
-    assert isinstance(value["path"], str) and len(value["path"]) <= 12
-    assert type(value["line"]) is int and value["line"] <= 99
 
 # ------------------------------------------------------------------ fixtures and the driver
 
@@ -163,24 +76,11 @@ def other_draft(tmp_path_factory) -> DraftModel:
     return load_draft_model(path, tiny_qwen_tokenizer(), device="cpu", dtype="float32", threads=1)
 
 
-def drafted(draft: DraftModel, runner, prompt, max_tokens, *, config=ALWAYS, fence=None, guard=None,
-            on_step=None) -> tuple[Generation, SpeculativeStep]:
-    """test_speculative's driver with the draft model as the drafter. `on_step(spec, tokens)` runs after every
-    step that does not end the request."""
-    cache, tokens = runner.new_cache(), []
-    spec = SpeculativeStep(runner=runner, sampler=Sampler(GREEDY), prompt_ids=prompt, config=config,
-                           stop_token_ids=STOP_IDS)
-    spec.lookup = draft.drafter_for(prompt)
-    logits = runner.prefill(prompt, cache)
-    while True:
-        run = spec.step(logits, cache, remaining=max_tokens - len(tokens), fence=fence, loop_guard=guard)
-        for token_id in run.tokens:
-            if (ending := emit(token_id, tokens, max_tokens, fence, guard)) is not None:
-                crop_to(cache, len(prompt) + len(tokens) - 1)
-                return Generation(tokens, ending, cache.get_seq_length()), spec
-        if on_step is not None:
-            on_step(spec, tokens)
-        logits = run.logits
+def drafted(draft: DraftModel, runner, prompt, max_tokens, *, config=ALWAYS,
+            **options) -> tuple[Generation, SpeculativeStep]:
+    """The shared speculative driver with `draft` as the drafter, always drafting unless `config` says
+    otherwise; `options` as `speculative` takes them (fence, guard, on_step)."""
+    return speculative(runner, prompt, max_tokens, config=config, drafter=draft.drafter_for(prompt), **options)
 
 
 def greedy_reference(draft: DraftModel, tokens: list[int], limit: int) -> list[int]:
@@ -204,19 +104,15 @@ def assert_cache_holds(drafter: DraftModelDrafter, tokens: list[int]) -> None:
         assert torch.allclose(layer.values, ref.values, atol=1e-5)
 
 
-class fed_tokens:
+class fed_tokens(ModelHooks):
     """Counts the tokens each forward of `model` is fed (prefill chunks, decode steps, verifies)."""
 
     def __init__(self, model):
         self.model, self.per_forward = model, []
 
-    def __enter__(self):
+    def _hooks(self) -> tuple:
         hook = lambda module, args: self.per_forward.append(args[0].shape[1])  # noqa: E731 - input_ids [1, n]
-        self._handle = self.model.get_input_embeddings().register_forward_pre_hook(hook)
-        return self
-
-    def __exit__(self, *exc):
-        self._handle.remove()
+        return (self.model.get_input_embeddings().register_forward_pre_hook(hook),)
 
 
 # ---------------------------------------------------------------------------------------------- the drafter
@@ -342,7 +238,7 @@ def test_the_draft_cache_follows_the_sequence_step_by_step(runner, tiny_qwen, ot
     lags = []
 
     def check(spec, tokens):
-        drafter, sequence = spec.lookup, prompt + tokens
+        drafter, sequence = spec.drafter, prompt + tokens
         assert len(drafter) == len(sequence) and drafter.cache_length == drafter.cached_real
         assert_cache_holds(drafter, sequence[:drafter.cached_real])
         lags.append(len(sequence) - drafter.cached_real)

@@ -1,0 +1,71 @@
+"""What the fenced tool-calling tests share: the test tools, a validity check of a call's arguments against them,
+and the tiny RANDOM-weight model of each dialect (`CASES`) they are called through.
+
+- `WEATHER`, `SEARCH` (`TOOLS`, `TOOLS_BY_NAME`): one schema with an enum, integer bounds and a boolean, one
+  with a maxLength.
+- `valid(tool, arguments)`: whether `arguments` (JSON text) satisfy the tool's schema.
+- `run(coro)`: an engine client coroutine, to its end (at most two minutes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from tests.support.deepseek_models import tiny_deepseek_dir
+from tests.support.glm_models import tiny_glm_dir
+from tests.support.tiny_models import tiny_qwen_dir
+from zllm.canonical import FunctionTool
+
+WEATHER = FunctionTool("get_weather", "Weather for a city", {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["paris", "rome", "new york"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                   "metric": {"type": "boolean"}},
+    "required": ["city", "days"], "additionalProperties": False})
+SEARCH = FunctionTool("search", "Search the web", {
+    "type": "object", "properties": {"query": {"type": "string", "maxLength": 12}},
+    "required": ["query"], "additionalProperties": False})
+TOOLS = (WEATHER, SEARCH)
+TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_dir: object
+    dialect: str
+    trigger: str  # the text that opens a call in this dialect
+
+
+CASES = [
+    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>"),
+    Case("glm45", tiny_glm_dir, "glm45", "<tool_call>"),
+    Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>"),
+]
+
+
+def valid(tool: FunctionTool, arguments: str) -> bool:
+    """The subset of JSON Schema the test tools use: types, enum, bounds, maxLength, required, no extras."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return False
+    schema = tool.parameters
+    if not isinstance(args, dict) or set(args) - set(schema["properties"]) or set(schema["required"]) - set(args):
+        return False
+    for key, value in args.items():
+        rule = schema["properties"][key]
+        ok = {"string": isinstance(value, str), "integer": type(value) is int,
+              "boolean": type(value) is bool}[rule["type"]]
+        ok = ok and value in rule.get("enum", [value]) and len(str(value)) <= rule.get("maxLength", 10 ** 6)
+        if rule["type"] == "integer":
+            ok = ok and rule.get("minimum", value) <= value <= rule.get("maximum", value)
+        if not ok:
+            return False
+    return True
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=120))
