@@ -104,7 +104,14 @@ AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
 
 # a 4D mask is taken as prepared and passed through untouched: the packed attention builds its own per row
-_NO_MASK = torch.zeros(1, 1, 1, 1, dtype=torch.bool)
+# (one per device, so a GPU step does not copy it from the host every time)
+_NO_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def _no_mask(device: torch.device) -> torch.Tensor:
+    if device not in _NO_MASKS:
+        _NO_MASKS[device] = torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return _NO_MASKS[device]
 
 
 def use_packed_attention(model: PreTrainedModel) -> None:
@@ -125,7 +132,7 @@ def packed_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
     keep = [position for (start, stop), segment in zip(packed.bounds, segments)
             for position in (range(start, stop) if segment.all_logits else (stop - 1,))]
     out = model(input_ids=ids, position_ids=positions, cache=packed, use_cache=True,
-                attention_mask=_NO_MASK.to(device), logits_to_keep=torch.tensor(keep, device=device), packed=packed)
+                attention_mask=_no_mask(device), logits_to_keep=torch.tensor(keep, device=device), packed=packed)
     logits = out.logits[0]  # [len(keep), vocab]
     results, row = [], 0
     for (start, stop), segment in zip(packed.bounds, segments):
