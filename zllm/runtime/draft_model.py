@@ -31,6 +31,7 @@ from zllm.engine.kv_layers import crop_to, croppable, supports_working_buffers, 
 from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.errors import ConfigError
+from zllm.prompt.segments import shared_prefix_length
 
 # prompt tokens a draft model sees (the most recent ones; see DraftModel.drafter_for)
 DRAFT_PROMPT_WINDOW = 1024
@@ -60,7 +61,8 @@ class DraftModel:
     def for_target(cls, loaded: LoadedModel, target_tokenizer: PreTrainedTokenizerBase, *,
                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> DraftModel:
         """Check that `loaded` can draft for a model with `target_tokenizer` (ConfigError if not)."""
-        runner = ModelRunner(loaded.model, prefill_chunk=prefill_chunk)
+        # a drafter runs one sequence at a time: no packing probe (forwards at startup, attention switched)
+        runner = ModelRunner(loaded.model, prefill_chunk=prefill_chunk, packing=False)
         embeddable = embedding_rows(loaded)
         proposable = check_shared_vocabulary(target_tokenizer, loaded.tokenizer, embeddable)
         if not croppable(runner.new_cache()):
@@ -149,7 +151,7 @@ class DraftModelDrafter:
         if self._pending:
             # the cache already ran the previous tail and draft: keep the part of it that turned real
             assert self._real == len(self._sequence), "pending tokens follow the whole sequence"
-            self._real += _common_prefix(self._pending, new)
+            self._real += shared_prefix_length(self._pending, new)
             self._pending.clear()
             crop_to(self._cache, self._real)
         self._blind = self._blind or (bool(new) and max(new) >= self.model.embeddable)
@@ -171,7 +173,7 @@ class DraftModelDrafter:
     def _catch_up(self, tail: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Make the cache hold sequence + tail, feeding only what it lacks; the logits after the last token."""
         unseen = [*self._sequence[self._real:], *tail]  # what follows the real tokens the cache holds
-        kept = self._real + _common_prefix(self._pending, unseen)  # pending tokens that continue it as they did
+        kept = self._real + shared_prefix_length(self._pending, unseen)  # pending tokens that continue it as they did
         if kept == self._real + len(unseen):  # all of it was fed before: the last token again, for its logits
             kept -= 1
         crop_to(cache, kept)
@@ -208,11 +210,3 @@ class DraftModelDrafter:
                 self.forwards += 1
         return torch.cat(tokens, dim=1)[0].tolist()
 
-
-def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    length = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        length += 1
-    return length

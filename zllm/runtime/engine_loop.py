@@ -170,7 +170,7 @@ class EngineLoop:
         for request in self._line.candidates():  # hung up while waiting: end now, even behind a full batch
             if request.aborted.is_set():
                 self._line.remove(request)
-                self._end_unstarted(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
+                self._finish(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
         for request in self._line.candidates():
             if len(self._rows) >= self.scheduler.max_batch:
                 return
@@ -209,7 +209,7 @@ class EngineLoop:
         except Exception as exc:
             if lease is not None:
                 self.prefix_cache.release(lease)
-            self._end_unstarted(request, error_finished(request, exc, 0, 0))
+            self._finish(request, error_finished(request, exc, 0, 0))
             return
         self._rows.append(active)
 
@@ -322,22 +322,19 @@ class EngineLoop:
     # ------------------------------------------------------------------ engine thread: endings
 
     def _end(self, active: ActiveRequest, finished: Finished) -> None:
-        """The row's one Finished: emit it, hand its KV to the prefix cache, leave the batch."""
+        """The row's one Finished: leave the batch, emit it, hand its KV to the prefix cache."""
         self._rows.remove(active)
-        request = active.request
+        self._finish(active.request, finished, active)
+
+    def _finish(self, request: EngineRequest, finished: Finished, active: ActiveRequest | None = None) -> None:
+        """A request's one Finished (`active`: the row it ran as, None if it never started)."""
         request.emit(finished)
-        self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event
+        if active is not None:
+            self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event
         with self._lock:
             self._live.discard(request)  # after retiring: "no live request" means the cache is settled
         log_finished(request, finished, active)
         self._observe(request_report("finished", request, active, finished))
-
-    def _end_unstarted(self, request: EngineRequest, finished: Finished) -> None:
-        request.emit(finished)
-        with self._lock:
-            self._live.discard(request)
-        log_finished(request, finished, None)
-        self._observe(request_report("finished", request, None, finished))
 
     def _error(self, active: ActiveRequest, exc: Exception) -> Finished:
         return error_finished(active.request, exc, active.output.completion_tokens, active.cached_tokens)

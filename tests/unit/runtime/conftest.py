@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.support.tiny_models import tiny_qwen_dir
-from zllm.engine import load_model
+from zllm.engine import ModelRunner, load_model
 
 torch.set_num_threads(1)  # 2 shared cores on this machine
 
@@ -12,3 +12,8 @@ torch.set_num_threads(1)  # 2 shared cores on this machine
 @pytest.fixture(scope="session")
 def tiny_qwen():
     return load_model(tiny_qwen_dir(), device="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_qwen) -> ModelRunner:
+    return ModelRunner(tiny_qwen.model)

@@ -54,11 +54,6 @@ def inference_mode():
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_qwen) -> ModelRunner:
-    return ModelRunner(tiny_qwen.model)
-
-
-@pytest.fixture(scope="module")
 def self_draft(tiny_qwen) -> DraftModel:
     """The target drafting for itself: every greedy draft is what the target would pick."""
     return DraftModel.for_target(tiny_qwen, tiny_qwen.tokenizer)

@@ -46,11 +46,6 @@ def inference_mode():
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_qwen) -> ModelRunner:
-    return ModelRunner(tiny_qwen.model)
-
-
-@pytest.fixture(scope="module")
 def compiler() -> FenceCompiler:
     return FenceCompiler(tiny_qwen_tokenizer(), vocab_size=QWEN_VOCAB_SIZE, stop_token_ids=STOP_IDS)
 
