@@ -54,18 +54,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import FILLER, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+from speculative import TURNS  # noqa: E402  (bench/speculative.py: the same echo turn)
+
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, TextDelta  # noqa: E402
-from zllm.config import DEFAULT_MODEL, load_settings  # noqa: E402
 from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest  # noqa: E402
 from zllm.runtime.scheduler import SchedulerConfig  # noqa: E402
 from zllm.runtime.speculative import SpeculationConfig  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speculative import TURNS  # noqa: E402  (bench/speculative.py: the same echo turn)
-
-E2E_SMOLLM2 = Path.home() / ".cache" / "zllm-tests" / "e2e-data" / "models" / "smollm2"
 FIGURES = ("streams", "ttft", "gap", "packing", "speculative")
 ECHO_TURN = TURNS["echo"]
 HBM_BYTES_PER_S = 4.3e12  # measured on an H200 (PERF.md)
@@ -76,16 +74,10 @@ TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a cartographer
 SHORT_QUESTION = "In two sentences, explain what a lighthouse keeper does on a stormy night and why ships need it."
 SHORT_NEW_TOKENS = 8
 STEADY_TOKENS = 8  # the decoding stream's tokens before the long prompt arrives (its usual gap)
-FILLER = ("The quick brown fox jumps over the lazy dog while the engineer profiles the decode loop. "
-          "def step(self):\n    return self.sample(self.forward(token))\n")
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=None)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens each concurrent stream decodes")
     parser.add_argument("--streams", default="1,4,8", help="concurrency levels of aggregate_decode_tok_s")
     parser.add_argument("--long-tokens", type=int, default=6000, help="the long prompt of the prefill figures")
@@ -100,13 +92,6 @@ def parse_args() -> argparse.Namespace:
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2: the decode window starts after the first token")
     return args
-
-
-def default_model_dir() -> Path:
-    for path in (load_settings().models_dir / DEFAULT_MODEL, E2E_SMOLLM2):
-        if (path / "config.json").is_file():
-            return path
-    sys.exit(f"error: no model at {load_settings().models_dir / DEFAULT_MODEL} or {E2E_SMOLLM2}; pass MODEL_DIR")
 
 
 # ------------------------------------------------------------------ requests and their event times
@@ -393,7 +378,7 @@ def emit(figure: str, values: dict, facts: dict) -> None:
 
 def main() -> None:
     args = parse_args()
-    model_dir = args.model_dir or default_model_dir()
+    model_dir = resolve_model_dir(args)
     loaded = load_model(model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
     renderer = PromptRenderer(loaded.tokenizer)
     runner = ModelRunner(loaded.model)  # packs when the model allows (the daemon's runner)

@@ -26,23 +26,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import FILLER, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+
 from zllm.canonical import ChatRequest, Finished, Message  # noqa: E402
-from zllm.config import DEFAULT_MODEL, load_settings  # noqa: E402
 from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest  # noqa: E402
 
 CHAT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-FILLER = ("The quick brown fox jumps over the lazy dog while the engineer profiles the decode loop. "
-          "def step(self):\n    return self.sample(self.forward(token))\n")
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=load_settings().models_dir / DEFAULT_MODEL)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefill-tokens", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -126,10 +121,11 @@ def emit(figure: str, values: dict[str, float], facts: dict) -> None:
 
 def main() -> None:
     args = parse_args()
-    loaded = load_model(args.model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
+    model_dir = resolve_model_dir(args)
+    loaded = load_model(model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
     renderer = PromptRenderer(loaded.tokenizer)
     sides = {"zllm": ZllmSide(loaded), "generate": GenerateSide(loaded)}
-    facts = {"model": args.model_dir.name, "device": str(loaded.device),
+    facts = {"model": model_dir.name, "device": str(loaded.device),
              "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
              "repeats": args.repeats}
 

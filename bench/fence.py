@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+
 from zllm.canonical import ChatRequest, Message  # noqa: E402
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar  # noqa: E402
 from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
@@ -37,7 +39,6 @@ from zllm.prompt.stop_tokens import model_stop_token_ids  # noqa: E402
 from zllm.runtime.fence import FenceCompiler, sample_fenced  # noqa: E402
 from zllm.runtime.loop_guard import LoopGuard  # noqa: E402
 
-E2E_SMOLLM2 = Path.home() / ".cache" / "zllm-tests" / "e2e-data" / "models" / "smollm2"
 PROMPT = "List twenty items for a camping trip as JSON: name, quantity and a short note for each."
 # long enough that greedy decoding never closes it within --tokens (minItems), so every token is fenced
 SCHEMA = {
@@ -61,22 +62,10 @@ GRAMMAR = FenceGrammar("%llguidance {}\nstart: %json " + json.dumps(SCHEMA))
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=None)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     return parser.parse_args()
-
-
-def default_model_dir() -> Path:
-    if (E2E_SMOLLM2 / "config.json").is_file():
-        return E2E_SMOLLM2
-    from tests.support.tiny_models import tiny_qwen_dir
-
-    return tiny_qwen_dir()
 
 
 @dataclass
@@ -162,7 +151,7 @@ def best_of(sides: dict[str, Decoder], prompt_ids: list[int], tokens: int, repea
 
 def main() -> None:
     args = parse_args()
-    model_dir = args.model_dir or default_model_dir()
+    model_dir = resolve_model_dir(args, tiny_fallback=True)
     loaded = load_model(model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
     config = loaded.model.config.get_text_config()
     stop_ids = model_stop_token_ids(loaded.tokenizer, getattr(loaded.model.generation_config, "eos_token_id", None),

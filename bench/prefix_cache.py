@@ -35,8 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
-from zllm.config import DEFAULT_MODEL, load_settings  # noqa: E402
 from zllm.engine import load_model  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
 from zllm.runtime import LocalEngineClient  # noqa: E402
@@ -47,23 +48,10 @@ TOOLS = ["read_file", "write_file", "edit_file", "list_dir", "grep", "glob", "ru
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=None)
+    parser = model_parser(__doc__.splitlines()[0], dtype=False)
     parser.add_argument("--tokens", type=int, default=4000, help="turn-1 prompt size (at least the ~2.5K system prompt)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="auto")
     parser.add_argument("--turns", type=int, default=4, help="turns of the cached_ratio session")
     return parser.parse_args()
-
-
-def default_model_dir() -> Path:
-    candidates = [Path.home() / ".cache/zllm-tests/e2e-data/models/smollm2", load_settings().models_dir / DEFAULT_MODEL]
-    for path in candidates:
-        if (path / "config.json").is_file():
-            return path
-    from tests.support.tiny_models import tiny_qwen_dir  # noqa: PLC0415 (fallback only)
-
-    return tiny_qwen_dir()
 
 
 # ------------------------------------------------------------------ the agent-shaped conversation
@@ -155,7 +143,7 @@ def emit(**fields) -> None:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = args.model_dir or default_model_dir()
+    model_dir = resolve_model_dir(args, tiny_fallback=True)
     loaded = load_model(model_dir, device=args.device, threads=args.threads)
     needed = args.tokens + 200 * (args.turns + 2)  # the session grows by an answer and a user turn per turn
     if loaded.context_length < needed:  # the tiny test model's window is 512; RoPE extends fine beyond

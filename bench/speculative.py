@@ -30,8 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+
 from zllm.canonical import ChatRequest, Message  # noqa: E402
-from zllm.config import DEFAULT_MODEL, load_settings  # noqa: E402
 from zllm.engine import ModelRunner, SamplingConfig, load_model  # noqa: E402
 from zllm.engine.sampler import Sampler  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
@@ -65,11 +66,7 @@ TURNS = {"echo": ASK.format(file=FILE), "free": STORY}
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=load_settings().models_dir / DEFAULT_MODEL)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=160)
     parser.add_argument("--draft", type=int, default=SpeculationConfig.max_draft, help="k: tokens per verify")
     parser.add_argument("--min-ngram", type=int, default=SpeculationConfig.min_ngram)
@@ -141,12 +138,13 @@ def measure(runner: ModelRunner, prompt: list[int], new_tokens: int, config: Spe
 
 def main() -> None:
     args = parse_args()
-    loaded = load_model(args.model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
+    model_dir = resolve_model_dir(args)
+    loaded = load_model(model_dir, device=args.device, dtype=args.dtype, threads=args.threads)
     runner, renderer = ModelRunner(loaded.model), PromptRenderer(loaded.tokenizer)
     config = SpeculationConfig(max_draft=args.draft, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                                max_backoff=args.max_backoff)
     dtype = str(loaded.dtype).removeprefix("torch.")
-    facts = {"model": args.model_dir.name, "device": str(loaded.device), "dtype": dtype,
+    facts = {"model": model_dir.name, "device": str(loaded.device), "dtype": dtype,
              "threads": torch.get_num_threads(), "draft": args.draft, "ngram": [args.min_ngram, args.max_ngram],
              "max_backoff": args.max_backoff, "new_tokens": args.new_tokens, "repeats": args.repeats}
     exact = loaded.device.type == "cpu" and dtype == "float32"  # bf16 kernels may differ between 1 and k rows
