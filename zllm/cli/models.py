@@ -15,7 +15,7 @@ import typer
 from zllm.cli.output import err, fail, fail_with, print_json
 from zllm.config import load_settings
 from zllm.errors import ZllmError
-from zllm.models import ModelStore, RichPullProgress, StoredModel
+from zllm.models import Manifest, ModelStore, RichPullProgress, StoredModel
 
 
 def register(app: typer.Typer) -> None:
@@ -42,27 +42,34 @@ def human_size(size: int) -> str:
 
 
 def pull(
-    model: str = typer.Argument(..., help="An alias (smollm2), a hub repo (org/name, org/name@rev), a .gguf or a dir."),
+    model: str = typer.Argument(
+        ...,
+        help="An alias (smollm2), a hub repo (org/name, org/name@rev, org/name-GGUF:Q4_K_M), a .gguf, a dir, "
+        "ollama:MODEL[:TAG] or lmstudio:PUBLISHER/REPO[:QUANT].",
+    ),
     name: str | None = typer.Option(None, "--name", help="Store it under this name instead of the default."),
     force: bool = typer.Option(False, "--force", "-f", help="Pull again and replace a model of the same name."),
+    file: str | None = typer.Option(
+        None, "--file", help="The GGUF file to take from a hub repo or LM Studio folder (instead of :QUANT)."
+    ),
 ) -> None:
     """Pull a model into the local store (a no-op when it is already there)."""
     store = _open_store()
     started = time.monotonic()
     try:
-        target = store.resolve_name(model, name)
+        target = store.resolve_name(model, name, file=file)
         if not force and store.has(target):
             err.print(f"{target} is already in the store (pull again with --force)")
             return
         with RichPullProgress(err) as progress:
-            stored = store.pull(model, name=name, force=force, progress=progress)
+            stored = store.pull(model, name=name, force=force, progress=progress, file=file)
     except ZllmError as exc:
         fail_with(exc)
     except KeyboardInterrupt:
         fail("pull interrupted; the store is unchanged", code=130)
     elapsed = time.monotonic() - started
     m = stored.manifest
-    err.print(f"[green]pulled[/] {m.name} ({m.architecture}, {human_size(m.size_bytes)}) in {elapsed:.1f}s")
+    err.print(f"[green]pulled[/] {m.name} ({m.architecture}, {_format(m)}, {human_size(m.size_bytes)}) in {elapsed:.1f}s")
 
 
 def _as_json(model: StoredModel) -> dict[str, object]:
@@ -71,10 +78,16 @@ def _as_json(model: StoredModel) -> dict[str, object]:
     return {**data, "path": str(model.path)}
 
 
+def _format(m: Manifest) -> str:
+    """`gguf Q4_K_M` or `safetensors bfloat16`: what the weights are and how they are stored."""
+    detail = m.quantization if m.weights_format == "gguf" else m.dtype
+    return f"{m.weights_format} {detail}" if detail else m.weights_format
+
+
 def _as_row(model: StoredModel) -> tuple[str, ...]:
     m = model.manifest
     added = datetime.fromtimestamp(m.added_at).strftime("%Y-%m-%d %H:%M")
-    return (m.name, m.architecture, human_size(m.size_bytes), m.source, added)
+    return (m.name, m.architecture, _format(m), human_size(m.size_bytes), m.source, added)
 
 
 def _write_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -93,7 +106,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print the manifests a
     if not models:
         err.print("no models yet; pull one: zllm pull smollm2")
         return
-    _write_table(("NAME", "ARCHITECTURE", "SIZE", "SOURCE", "ADDED"), [_as_row(m) for m in models])
+    _write_table(("NAME", "ARCHITECTURE", "FORMAT", "SIZE", "SOURCE", "ADDED"), [_as_row(m) for m in models])
 
 
 def rm(

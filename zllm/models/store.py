@@ -3,6 +3,8 @@
     models/
       smollm2/                          config.json, model.safetensors, tokenizer.json, chat_template.jinja,
                                         generation_config.json, zllm-manifest.json
+      smollm2-gguf/                     model.gguf (linked, not converted), config.json, tokenizer.json,
+                                        chat_template.jinja, zllm-manifest.json (see weights.py)
       HuggingFaceTB--SmolLM2-135M-Instruct/
       .staging/  .lock                  see staging.py
 
@@ -86,9 +88,9 @@ class ModelStore:
             os.rename(model.path, stage.removed)  # gone from the store in one step
             fsync_path(self.models_dir)
 
-    def resolve_name(self, source: str, name: str | None = None) -> str:
-        """The name `pull(source, name=name)` would store the model under."""
-        return _checked_name(resolve_source(source).default_name if name is None else name)
+    def resolve_name(self, source: str, name: str | None = None, *, file: str | None = None) -> str:
+        """The name `pull(source, name=name, file=file)` would store the model under."""
+        return _checked_name(resolve_source(source, file).default_name if name is None else name)
 
     def pull(
         self,
@@ -97,10 +99,14 @@ class ModelStore:
         name: str | None = None,
         force: bool = False,
         progress: PullProgress | None = None,
+        file: str | None = None,
     ) -> StoredModel:
-        """Fetch `source` into the store as `name`; the stored model. Idempotent unless `force`."""
+        """Fetch `source` into the store as `name`; the stored model. Idempotent unless `force`.
+
+        `file` names one GGUF in a hub repo or LM Studio folder (`zllm pull --file`).
+        """
         progress = progress or NullProgress()
-        recipe = resolve_source(source)
+        recipe = resolve_source(source, file)
         name = _checked_name(recipe.default_name if name is None else name)
         if not force and self.has(name):
             progress.stage(f"{name} is already in the store")
@@ -154,7 +160,9 @@ def _seal(stage: Stage, name: str, source: str, fetched: Fetched, progress: Pull
         def report(done: int, before: int = hashed) -> None:
             progress.transfer("hashing", before + done, total)
 
-        digests[path.relative_to(stage.model).as_posix()] = sha256_file(path, report)
+        relative = path.relative_to(stage.model).as_posix()
+        known = fetched.known_digests.get(relative)
+        digests[relative] = known if known is not None else sha256_file(path, report)
         hashed += path.stat().st_size
     manifest = Manifest(
         name=name,
@@ -168,6 +176,8 @@ def _seal(stage: Stage, name: str, source: str, fetched: Fetched, progress: Pull
         dtype=facts.dtype,
         files=digests,
         origin=fetched.origin,
+        weights_format=facts.weights_format,
+        quantization=facts.quantization,
     )
     fsync_tree(stage.model)
     write_manifest(stage.model, manifest)  # last: a directory with a manifest is a whole model

@@ -135,8 +135,20 @@ def _gguf_tensors(model) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_gguf(path: Path, *, chat_template: str | None = CHATML) -> Path:
-    """A tiny llama GGUF (F32 tensors) with a gpt2-style BPE tokenizer in `tokenizer.ggml.*`."""
+def write_gguf(
+    path: Path,
+    *,
+    chat_template: str | None = CHATML,
+    architecture: str = "llama",
+    quantization: str | None = None,
+    split_count: int | None = None,
+) -> Path:
+    """A tiny llama GGUF (F32 tensors) with a gpt2-style BPE tokenizer in `tokenizer.ggml.*`.
+
+    `quantization="Q8_0"` quantizes the 2-D tensors with gguf's own quantizer (norms stay F32, as llama.cpp
+    does) and sets general.file_type; `architecture` writes the same tensors under another arch name;
+    `split_count` marks the file as one part of a split GGUF.
+    """
     import gguf
 
     tokenizer = build_tokenizer()
@@ -146,7 +158,7 @@ def write_gguf(path: Path, *, chat_template: str | None = CHATML) -> Path:
     vocab = sorted(backend["model"]["vocab"].items(), key=lambda item: item[1])
     merges = [m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]]
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny-llama")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -158,7 +170,10 @@ def write_gguf(path: Path, *, chat_template: str | None = CHATML) -> Path:
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    quant_type = gguf.GGMLQuantizationType[quantization] if quantization else None
+    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{quantization}"] if quantization else gguf.LlamaFileType.ALL_F32)
+    if split_count is not None:
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, split_count)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list([token for token, _ in vocab])
@@ -170,7 +185,11 @@ def write_gguf(path: Path, *, chat_template: str | None = CHATML) -> Path:
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, tensor in _gguf_tensors(model).items():
-        writer.add_tensor(name, tensor.detach().float().numpy().copy())
+        array = tensor.detach().float().numpy().copy()
+        if quant_type is not None and array.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(array, quant_type), raw_dtype=quant_type)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

