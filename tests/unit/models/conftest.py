@@ -202,6 +202,12 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.F32.gguf")
 
 
+@pytest.fixture(scope="session")
+def q8_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GGUF with its 2-D tensors quantized to Q8_0 (general.file_type MOSTLY_Q8_0)."""
+    return write_gguf(tmp_path_factory.mktemp("gguf-q8") / "tiny-llama.Q8_0.gguf", quantization="Q8_0")
+
+
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
     return tmp_path / "models"
