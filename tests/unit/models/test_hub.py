@@ -2,7 +2,7 @@
 
 The stand-in implements the endpoints huggingface_hub's snapshot_download uses:
 
-    GET  /api/models/{repo}/revision/{rev}        → {"id", "sha"}          (repo_info)
+    GET  /api/models/{repo}/revision/{rev}        → {"id", "sha", "siblings"}  (repo_info / model_info)
     GET  /api/models/{repo}/tree/{commit}         → [{"type", "path", "size", "oid"}]  (list_repo_tree)
     HEAD /{repo}/resolve/{commit}/{file}          → X-Repo-Commit, ETag, Content-Length
     GET  /{repo}/resolve/{commit}/{file}          → the bytes (honouring Range, to resume)
@@ -51,8 +51,9 @@ class HubStandIn:
         return self.repos[repo]
 
     async def _info(self, request: web.Request) -> web.Response:
-        self._repo(request)
-        return web.json_response({"id": f"{request.match_info['org']}/{request.match_info['name']}", "sha": COMMIT})
+        files = self._repo(request)
+        repo_id = f"{request.match_info['org']}/{request.match_info['name']}"
+        return web.json_response({"id": repo_id, "sha": COMMIT, "siblings": [{"rfilename": p} for p in sorted(files)]})
 
     async def _tree(self, request: web.Request) -> web.Response:
         files = self._repo(request)
@@ -264,3 +265,77 @@ def test_a_repo_with_only_pickle_weights_is_refused(store, hub, tiny_model_dir, 
 
     assert tree_snapshot(models_dir) == before
     assert "pytorch_model.bin" not in _downloaded(hub)
+
+
+# --- one GGUF out of a hub repo: org/name-GGUF:QUANT ---------------------------------------------------
+
+
+@pytest.fixture
+def gguf_hub(hub: HubStandIn, q8_gguf: Path, tiny_gguf: Path) -> HubStandIn:
+    hub.repos["org/tiny-GGUF"] = {
+        "tiny-Q8_0.gguf": q8_gguf.read_bytes(),
+        "tiny.F32.gguf": tiny_gguf.read_bytes(),
+        "Q4_K_M/tiny-Q4_K_M-00001-of-00002.gguf": b"GGUF part one",
+        "Q4_K_M/tiny-Q4_K_M-00002-of-00002.gguf": b"GGUF part two",
+        "mmproj-tiny-f16.gguf": b"GGUF projector",
+        "README.md": b"# tiny GGUFs",
+    }
+    return hub
+
+
+def test_pull_one_quantization_from_a_gguf_repo(store, gguf_hub, q8_gguf):
+    model = store.pull("org/tiny-GGUF:q8_0")
+
+    m = model.manifest
+    assert (model.name, m.source) == ("org/tiny-GGUF-q8_0", "hf:org/tiny-GGUF/tiny-Q8_0.gguf")
+    assert (m.weights_format, m.quantization, m.architecture) == ("gguf", "Q8_0", "LlamaForCausalLM")
+    assert (model.path / "model.gguf").read_bytes() == q8_gguf.read_bytes()
+    assert (m.origin["commit"], m.origin["gguf_file"], m.origin["gguf_link"]) == (COMMIT, "tiny-Q8_0.gguf", "hardlink")
+    assert _downloaded(gguf_hub) == {"tiny-Q8_0.gguf"}  # one file; the config and tokenizer come out of it
+
+
+def test_file_names_one_gguf_exactly(store, gguf_hub):
+    model = store.pull("org/tiny-GGUF", file="tiny.F32.gguf")
+
+    assert (model.name, model.manifest.quantization) == ("org/tiny.F32", "F32")
+    assert _downloaded(gguf_hub) == {"tiny.F32.gguf"}
+
+
+def test_a_gguf_repo_without_a_quantization_lists_them(store, gguf_hub, models_dir, tree_snapshot):
+    before = tree_snapshot(models_dir)
+
+    with pytest.raises(PullError, match="holds 4 GGUF files; say which quantization") as caught:
+        store.pull("org/tiny-GGUF")
+
+    assert "org/tiny-GGUF:QUANT, one of: F32, Q4_K_M, Q8_0" in caught.value.hint
+    assert tree_snapshot(models_dir) == before and _downloaded(gguf_hub) == set()
+
+
+def test_a_missing_quantization_is_refused_with_the_choices(store, gguf_hub):
+    with pytest.raises(PullError, match="org/tiny-GGUF has no IQ2_XS GGUF") as caught:
+        store.pull("org/tiny-GGUF:IQ2_XS")
+    assert "F32, Q4_K_M, Q8_0" in caught.value.hint
+
+
+def test_a_split_gguf_from_the_hub_is_refused_before_downloading(store, gguf_hub, models_dir, tree_snapshot):
+    before = tree_snapshot(models_dir)
+
+    with pytest.raises(PullError, match="split GGUFs are not supported yet"):
+        store.pull("org/tiny-GGUF:Q4_K_M")
+
+    assert tree_snapshot(models_dir) == before and _downloaded(gguf_hub) == set()
+
+
+def test_a_missing_gguf_repo_is_a_clear_error(store, gguf_hub):
+    with pytest.raises(PullError, match="no model `org/nothing-GGUF`"):
+        store.pull("org/nothing-GGUF:Q4_K_M")
+
+
+def test_a_truncated_download_is_refused_and_leaves_nothing(store, gguf_hub, q8_gguf, models_dir, tree_snapshot):
+    gguf_hub.repos["org/tiny-GGUF"]["tiny-Q8_0.gguf"] = q8_gguf.read_bytes()[:-1000]  # the repo itself holds it
+    before = tree_snapshot(models_dir)
+
+    with pytest.raises(PullError, match="truncated"):
+        store.pull("org/tiny-GGUF:Q8_0")
+
+    assert tree_snapshot(models_dir) == before

@@ -1,7 +1,7 @@
 """One GGUF out of a Hugging Face hub repository: `zllm pull org/name-GGUF:Q4_K_M` (or `--file NAME.gguf`).
 
 GGUF repos hold one file per quantization (often tens of GB in all), so the repo's file list is read
-first (`list_repo_files`), one file is picked (gguf_pick.py), and only that file is downloaded, with
+first (`model_info`: the files and the commit they are at), one file is picked (gguf_pick.py), and only that file is downloaded, with
 `hf_hub_download`, into the hub's own cache: resumable, shared with other HF tools, and hard-linked
 from there into the store (stage_gguf; a copy across file systems). The config and tokenizer come out of
 the GGUF itself, so nothing else from the repo is fetched.
@@ -58,32 +58,32 @@ class HubGgufSource:
     def where(self) -> str:
         return self.repo_id + (f"@{self.revision}" if self.revision else "")
 
-    def _pick(self, progress: PullProgress) -> str:
+    def _pick(self, progress: PullProgress) -> tuple[str, str]:
+        """(the file to fetch, the commit the listing is at): the download is pinned to what was listed."""
         from huggingface_hub import HfApi
 
         progress.stage(f"listing the files of {self.where} on {hub_endpoint()}")
         with hub_errors(self.repo_id, self.revision):
-            files = HfApi(endpoint=hub_endpoint()).list_repo_files(self.repo_id, revision=self.revision)
-        return pick_gguf(files, self.where, quant=self.quant, file=self.file)
+            info = HfApi(endpoint=hub_endpoint()).model_info(self.repo_id, revision=self.revision or "main")
+        files = [sibling.rfilename for sibling in info.siblings or []]
+        return pick_gguf(files, self.where, quant=self.quant, file=self.file), str(info.sha)
 
     def fetch(self, stage: Stage, progress: PullProgress) -> Fetched:
         from huggingface_hub import hf_hub_download
 
-        file = self._pick(progress)
+        file, commit = self._pick(progress)
         progress.stage(f"fetching {file} from {self.where}")
         with hub_errors(self.repo_id, self.revision):
             cached = Path(
                 hf_hub_download(
                     self.repo_id,
                     file,
-                    revision=self.revision,
+                    revision=commit,
                     endpoint=hub_endpoint(),
                     cache_dir=hub_cache_dir(),
                     tqdm_class=progress_bar_class(progress, f"downloading {PurePosixPath(file).name}"),
                 )
             )
         staged = stage_gguf(cached, stage, progress, placement=Placement.LINK_OR_COPY, label=f"{self.where}/{file}")
-        # the cached file lies in snapshots/<commit>/<file>
-        commit = cached.parents[len(PurePosixPath(file).parts) - 1].name
         origin = {"repo_id": self.repo_id, "commit": commit, "endpoint": hub_endpoint(), "gguf_file": file}
         return staged.fetched(f"hf:{self.where}/{file}", origin)
