@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from zllm.engine.contract import KeptState, Row
+from zllm.engine.kv_layers import cache_buffers, cache_state, croppable, crop_to, working_cache
 from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
 
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
@@ -24,7 +26,7 @@ DEFAULT_PREFILL_CHUNK = 2048
 
 
 class ModelRunner:
-    """Runs `model` forward for one sequence, or for several rows packed into one forward (`forward_rows`).
+    """The torch backend of the engine seam (engine/contract.py). Runs `model` forward for one sequence, or for several rows packed into one forward (`forward_rows`).
     Owns no per-request state.
 
     `packing` None: probe the model (engine/packed.py) and pack when packed forwards equal separate ones;
@@ -38,6 +40,42 @@ class ModelRunner:
         self.device = model.device
         self.prefill_chunk = prefill_chunk
         self.packing = self._enable_packing() if packing is not False else False
+
+    backend = "torch"
+
+    # ------------------------------------------------------------------ the engine seam (contract.py)
+
+    def open(self, lease=None) -> DynamicCache:
+        """A sequence: empty, or a working cache over the lease's pooled buffers holding its restored prefix
+        (prefill and decode then append in place)."""
+        if lease is None:
+            return self.new_cache()
+        return working_cache(self.config, lease.working, lease.cached_tokens)
+
+    def step(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+        return self.forward_rows([Segment(row.seq, row.token_ids, row.all_logits) for row in rows])
+
+    @staticmethod
+    def length(seq: DynamicCache) -> int:
+        return seq.get_seq_length()
+
+    @staticmethod
+    def can_crop(seq: DynamicCache) -> bool:
+        return croppable(seq)
+
+    @staticmethod
+    def crop(seq: DynamicCache, length: int) -> None:
+        crop_to(seq, length)
+
+    @staticmethod
+    def release(seq: DynamicCache) -> None:
+        """Nothing to do: the cache's buffers go back with the lease (or to the garbage collector)."""
+
+    @staticmethod
+    def kept_state(seq: DynamicCache) -> KeptState:
+        return KeptState(cache_state(seq), cache_buffers(seq))
+
+    # ------------------------------------------------------------------ forwards
 
     def _enable_packing(self) -> bool:
         previous = self.model.config._attn_implementation

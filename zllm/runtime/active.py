@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects import StreamParser
@@ -84,7 +83,7 @@ class ActiveRequest:
     a prefix of it), or the request was aborted before its prefill ended."""
 
     request: EngineRequest
-    cache: DynamicCache
+    cache: object  # the engine's sequence (engine/contract.py): a DynamicCache, a llama.cpp sequence
     sampler: Sampler
     output: TurnOutput
     logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
@@ -108,10 +107,9 @@ class ActiveRequest:
         usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens, self.cached_tokens)
         return Finished(reason, usage, stop_sequence=stop_sequence)
 
-    def terminal_sequence(self) -> tuple[int, ...]:
-        """The tokens whose KV the cache holds: prompt + generated, cut to the cache length (prefill may have
-        been aborted part way; the last sampled token was never fed forward)."""
-        held = self.cache.get_seq_length()
+    def terminal_sequence(self, held: int) -> tuple[int, ...]:
+        """The tokens whose KV the cache holds (`held` of them): prompt + generated, cut to the cache length
+        (prefill may have been aborted part way; the last sampled token was never fed forward)."""
         sequence = (*self.request.prompt_ids, *self.generated)
         assert held <= len(sequence), "the cache cannot hold tokens that were never seen"
         return sequence[:held]

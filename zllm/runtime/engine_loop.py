@@ -37,10 +37,8 @@ from functools import partial
 import torch
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
-from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to
+from zllm.engine.contract import Engine, Row
 from zllm.engine.loader import apply_threads
-from zllm.engine.packed import Segment
-from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler
 from zllm.errors import Overloaded
 from zllm.kvcache import PrefixCache, request_namespace
@@ -49,10 +47,9 @@ from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
-from zllm.runtime.prefix import working_cache_for
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, prefill_shares
-from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep, can_speculate
+from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
@@ -64,13 +61,13 @@ _SHUTDOWN = object()
 
 # what a row hands the step: its tokens for the shared forward and what to do with its logits afterwards
 # (the callback returns Finished when the row ended)
-Work = tuple[Segment, Callable[[torch.Tensor], Finished | None]]
+Work = tuple[Row, Callable[[torch.Tensor], Finished | None]]
 
 
 class EngineLoop:
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: Engine,
         tokenizer,
         model_stop_ids: frozenset[int],
         *,
@@ -83,7 +80,7 @@ class EngineLoop:
         scheduler: SchedulerConfig | None = None,
         draft_model: DraftModel | None = None,
     ):
-        self.runner = runner
+        self.engine = runner  # the engine seam (engine/contract.py): torch or llama.cpp
         self.prefix_cache = prefix_cache
         self.scheduler = scheduler or SchedulerConfig()
         self.draft_model = draft_model  # drafts for speculating requests instead of prompt lookup
@@ -199,8 +196,8 @@ class EngineLoop:
                                                   request_id=request.request_id)
             active = ActiveRequest(
                 request=request,
-                cache=working_cache_for(self.runner, lease) if lease is not None else self.runner.new_cache(),
-                sampler=Sampler(request.sampling, self.runner.device),
+                cache=self.engine.open(lease),
+                sampler=Sampler(request.sampling, self.engine.device),
                 output=self._output_processor(request),
                 lease=lease,
             )
@@ -239,7 +236,7 @@ class EngineLoop:
     def _forward(self, work: list[tuple[ActiveRequest, Work]]) -> None:
         started = time.perf_counter()
         try:
-            outputs = self.runner.forward_rows([segment for _, (segment, _) in work])
+            outputs = self.engine.step([row for _, (row, _) in work])
         except Exception as exc:  # a half-run forward may have updated some rows' layers and not others
             for active, _ in work:
                 self._end(active, self._error(active, exc))
@@ -269,7 +266,7 @@ class EngineLoop:
                                            remaining=request.max_tokens - active.output.completion_tokens)
             if isinstance(plan, SpeculativeRun):  # no forward: the token ends the request
                 return self._emit_run(active, plan)
-            return Segment(active.cache, plan.feed, all_logits=True), partial(self._verified, active, plan)
+            return Row(active.cache, plan.feed, all_logits=True), partial(self._verified, active, plan)
         if request.loop_guard is not None:
             request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
         # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
@@ -277,7 +274,7 @@ class EngineLoop:
         token_id = token.item()  # the one host sync per token
         if (finished := self._emit(active, token_id)) is not None:
             return finished
-        return Segment(active.cache, [token_id]), partial(self._decoded, active)
+        return Row(active.cache, [token_id]), partial(self._decoded, active)
 
     @staticmethod
     def _decoded(active: ActiveRequest, logits: torch.Tensor) -> None:
@@ -293,21 +290,21 @@ class EngineLoop:
             if (finished := self._emit(active, token_id)) is not None:
                 # tokens after the ending were fed forward: keep what a plain loop's cache holds (prompt and
                 # every emitted token but the last), which is what terminal_sequence() hands the prefix cache
-                crop_to(active.cache, len(request.prompt_ids) + len(active.generated) - 1)
+                self.engine.crop(active.cache, len(request.prompt_ids) + len(active.generated) - 1)
                 return finished
         assert run.logits is not None, "a run without a forward ends the request (stop token or last token)"
         active.logits = run.logits
         return None
 
     def _prompt_left(self, active: ActiveRequest) -> int:
-        return len(active.request.prompt_ids) - active.cache.get_seq_length()
+        return len(active.request.prompt_ids) - self.engine.length(active.cache)
 
     def _prefill_work(self, active: ActiveRequest, tokens: int) -> Work:
         """The next `tokens` prompt tokens the row's cache lacks (never empty: the last prompt token is always
         prefilled, its logits choose the first output token)."""
-        held = active.cache.get_seq_length()
+        held = self.engine.length(active.cache)
         chunk = active.request.prompt_ids[held:held + tokens]
-        return Segment(active.cache, chunk), partial(self._prefilled, active)
+        return Row(active.cache, chunk), partial(self._prefilled, active)
 
     def _prefilled(self, active: ActiveRequest, logits: torch.Tensor) -> None:
         if self._prompt_left(active) > 0:
@@ -351,18 +348,20 @@ class EngineLoop:
         """Hand the terminal state to the prefix cache (or just return the lease when the request failed: a
         forward that raised may have updated some layers and not others)."""
         if active.lease is None:
+            self.engine.release(active.cache)
             return
-        buffers = cache_buffers(active.cache)
+        kept = self.engine.kept_state(active.cache)
         try:
             if finished.reason is FinishReason.ERROR:
-                self.prefix_cache.release(active.lease, buffers)
+                self.prefix_cache.release(active.lease, kept.buffers)
                 return
             active.kept = self.prefix_cache.finish(
-                active.lease, active.terminal_sequence(), cache_state(active.cache),
-                entry_id=active.request.request_id, prompt_length=len(active.request.prompt_ids), buffers=buffers)
+                active.lease, active.terminal_sequence(self.engine.length(active.cache)), kept.state,
+                entry_id=active.request.request_id, prompt_length=len(active.request.prompt_ids),
+                buffers=kept.buffers)
         except Exception:  # losing a cache entry must never take the loop down
             log.exception("keeping the KV of %s failed", active.request.request_id)
-            self.prefix_cache.release(active.lease, buffers)
+            self.prefix_cache.release(active.lease, kept.buffers)
 
     # ------------------------------------------------------------------ engine thread: the output path
 
@@ -388,10 +387,10 @@ class EngineLoop:
 
     def _speculative_step(self, active: ActiveRequest) -> SpeculativeStep | None:
         request = active.request
-        if request.speculation is None or not can_speculate(active.cache):
+        if request.speculation is None or not self.engine.can_crop(active.cache):
             return None
         drafter = self.draft_model.drafter_for(request.prompt_ids) if self.draft_model is not None else None
-        return SpeculativeStep(self.runner, active.sampler, request.prompt_ids, request.speculation,
+        return SpeculativeStep(self.engine, active.sampler, request.prompt_ids, request.speculation,
                                stop_token_ids=self._stop_ids(request), drafter=drafter)
 
     def _stop_ids(self, request: EngineRequest) -> frozenset[int]:

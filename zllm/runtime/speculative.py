@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from zllm.engine.kv_layers import crop_to, croppable
-from zllm.engine.runner import ModelRunner
+from zllm.engine.kv_layers import croppable
+from zllm.engine.contract import Engine, Row
 from zllm.engine.sampler import Sampler
 from zllm.engine.verify import greedy_accepts, sample_from, sampled_accepts
 from zllm.runtime.fence import Fence, sample_fenced
@@ -166,7 +166,7 @@ class SpeculativeStep:
     """One request's speculative decoder. Holds the drafter over prompt + output and, after a sampled
     rejection, the residual distribution the next token must come from. Engine thread only."""
 
-    runner: ModelRunner
+    runner: Engine  # the engine seam (engine/contract.py): verifies drafts, crops rejected ones
     sampler: Sampler  # the request's sampler: its settings and its seeded stream
     prompt_ids: Sequence[int]
     config: SpeculationConfig = field(default_factory=SpeculationConfig)
@@ -194,7 +194,8 @@ class SpeculativeStep:
         plan = self.plan(logits, remaining=remaining, fence=fence, loop_guard=loop_guard)
         if isinstance(plan, SpeculativeRun):
             return plan
-        return self.resolve(plan, self.runner.verify(plan.feed, cache), cache)  # rows: [1 + len(draft), vocab]
+        rows = self.runner.step([Row(cache, plan.feed, all_logits=True)])[0]  # [1 + len(draft), vocab]
+        return self.resolve(plan, rows, cache)
 
     def plan(self, logits: torch.Tensor, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> DraftPlan | SpeculativeRun:
@@ -214,9 +215,9 @@ class SpeculativeStep:
     def resolve(self, plan: DraftPlan, rows: torch.Tensor, cache: DynamicCache) -> SpeculativeRun:
         """The second half: `rows` are the logits after each fed token (`[len(plan.feed), vocab]`), and the
         cache holds them all. Accept the draft's longest valid prefix and crop the rest out of the cache."""
-        held = cache.get_seq_length() - len(plan.feed)
+        held = self.runner.length(cache) - len(plan.feed)
         accepted = self._accept(rows[:len(plan.draft)], plan.draft, plan.masks)
-        crop_to(cache, held + 1 + accepted)
+        self.runner.crop(cache, held + 1 + accepted)
         tokens = [plan.first_id, *plan.draft[:accepted]]
         self.lookup.extend(tokens)
         self._count(len(plan.draft), accepted)
@@ -293,7 +294,8 @@ class SpeculativeStep:
 
 
 def can_speculate(cache: DynamicCache) -> bool:
-    """Whether rejected drafts can be cropped out of this cache (full-attention layers only)."""
+    """Whether rejected drafts can be cropped out of this torch cache (full-attention layers only); the loop
+    asks its engine (`Engine.can_crop`)."""
     return croppable(cache)
 
 

@@ -76,7 +76,7 @@ class Outcome:
 
 
 class Steps:
-    """Wraps `client.engine.runner.forward_rows`: records each step's row token counts and running rows, runs
+    """Wraps `client.engine.engine.forward_rows`: records each step's row token counts and running rows, runs
     `actions[n]` just before step n (1-based), and with `hold` keeps step 1 waiting until `release()`."""
 
     def __init__(self, client: LocalEngineClient, *, hold: bool = False,
@@ -88,8 +88,8 @@ class Steps:
         self.actions = actions or {}
         if not hold:
             self.released.set()
-        self._forward_rows = client.engine.runner.forward_rows
-        client.engine.runner.forward_rows = self._step
+        self._forward_rows = client.engine.engine.step
+        client.engine.engine.step = self._step
 
     def _step(self, segments):
         self.entered.set()

@@ -191,7 +191,7 @@ def test_abort_mid_decode(client) -> None:
 
 def test_abort_while_queued_never_runs(client) -> None:
     prefilled = set()  # the caches that got prompt tokens (a prefill chunk is a segment of several tokens)
-    runner = client.engine.runner
+    runner = client.engine.engine
     original = runner.forward_rows
 
     def forward_rows(segments):
@@ -215,7 +215,7 @@ def test_abort_while_queued_never_runs(client) -> None:
 
 
 def test_error_in_one_request_then_the_next_works(client) -> None:
-    runner = client.engine.runner
+    runner = client.engine.engine
     original = runner.forward_rows
     calls = {"n": 0}
 

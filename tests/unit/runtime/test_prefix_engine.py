@@ -173,14 +173,14 @@ def test_a_failed_request_keeps_nothing_and_returns_its_buffers(make_client, mon
     messages = [Message("system", SYSTEM), Message("user", "warm up")]
     ask(client, chat(messages, "ok"))
 
-    forward_rows = client.engine.runner.forward_rows
+    forward_rows = client.engine.engine.forward_rows
 
     def broken_decode(segments):  # the prefill (a 12-token suffix) runs; the first decode forward fails
         if all(len(segment.token_ids) == 1 for segment in segments):
             raise RuntimeError("simulated device failure")
         return forward_rows(segments)
 
-    monkeypatch.setattr(client.engine.runner, "forward_rows", broken_decode)
+    monkeypatch.setattr(client.engine.engine, "forward_rows", broken_decode)
     _, finished = ask(client, chat([*messages, Message("assistant", "x"), Message("user", "again")], "bad"))
     settle(client)
     cache = client.prefix_cache

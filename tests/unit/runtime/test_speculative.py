@@ -238,6 +238,18 @@ class ConstantModel:
     def decode(self, token, cache) -> torch.Tensor:
         return self.verify([token.item()], cache)[0]
 
+    # the engine seam (engine/contract.py), as SpeculativeStep uses it
+    def step(self, rows) -> list[torch.Tensor]:
+        return [self.verify(row.token_ids, row.seq) for row in rows]
+
+    @staticmethod
+    def length(cache) -> int:
+        return cache.get_seq_length()
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        cache.crop(length - cache.get_seq_length())
+
 
 class CountingCache:
     length = 0

@@ -1,0 +1,78 @@
+"""The engine seam: what the runtime asks of an engine backend, and nothing more.
+
+    seq = engine.open(lease)                 empty, or continuing the lease's cached prefix of N tokens
+    logits = engine.step([Row(seq, ids), Row(seq2, draft, all_logits=True), ...])
+                                             one step over every row: [vocab] after a row's last token,
+                                             [n, vocab] after each of its n tokens for all_logits rows
+    engine.length(seq)                       tokens the sequence holds (positions continue from here)
+    engine.crop(seq, n)                      forget every token past the first n (rejected drafts)
+    engine.release(seq)                      give its memory back (a failed request)
+    engine.kept_state(seq)                   what the prefix cache keeps when the request ends
+    engine.export_state(seq) / import_state(data)   a sequence as bytes and back (the SSD tier)
+
+Backends: `torch` (engine/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
+`llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
+unified KV pool). Only a backend imports its engine library.
+
+Logits are torch tensors on the engine's `device` ([vocab] float): the sampler, fences and the speculative
+verifier run on them, so sampling behaves the same whatever computed the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# A backend's own handle for one sequence (a DynamicCache; a llama.cpp sequence id wrapper). Opaque here.
+EngineSequence = Any
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a step: tokens appended to one sequence."""
+
+    seq: EngineSequence
+    token_ids: Sequence[int]
+    all_logits: bool = False  # logits after every token (a speculative verify), else after the last only
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) > 0, "every row feeds at least one token"
+
+
+@dataclass(frozen=True)
+class KeptState:
+    """What the prefix cache keeps of a finished sequence: `state` is the backend's (per-layer tensors for
+    torch, the sequence itself for llama.cpp), `buffers` the working buffers it ended with (torch only)."""
+
+    state: Any
+    buffers: Any = None
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What `zllm ps` and the trace say about the engine."""
+
+    backend: str  # "torch" | "llamacpp"
+    reason: str  # why this backend serves the model
+    quantization: str  # "float32", "Q4_1", ...
+    resident_bytes: int  # weights (and, for llama.cpp, its KV pool) held in memory
+
+
+class Engine(Protocol):
+    backend: str
+    device: Any  # torch.device the logits live on
+
+    def open(self, lease: Any = None) -> EngineSequence: ...
+
+    def step(self, rows: Sequence[Row]) -> list[Any]: ...
+
+    def length(self, seq: EngineSequence) -> int: ...
+
+    def can_crop(self, seq: EngineSequence) -> bool: ...
+
+    def crop(self, seq: EngineSequence, length: int) -> None: ...
+
+    def release(self, seq: EngineSequence) -> None: ...
+
+    def kept_state(self, seq: EngineSequence) -> KeptState: ...
