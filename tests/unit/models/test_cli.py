@@ -56,6 +56,27 @@ def test_pull_ls_rm(cli, tiny_model_dir, tmp_path):
     assert json.loads(cli("ls", "--json").stdout) == []
 
 
+def test_pull_a_gguf_with_file_and_ls_shows_its_quantization(cli, q8_gguf, tmp_path, monkeypatch):
+    folder = tmp_path / "lms" / "someone" / "Tiny-GGUF"
+    folder.mkdir(parents=True)
+    (folder / "tiny-Q8_0.gguf").write_bytes(q8_gguf.read_bytes())
+    (folder / "tiny-F32.gguf").write_bytes(q8_gguf.read_bytes())
+    monkeypatch.setenv("LMSTUDIO_MODELS", str(tmp_path / "lms"))
+
+    ambiguous = cli("pull", "lmstudio:someone/Tiny-GGUF")
+    assert ambiguous.exit_code == 1 and "hint: pull lmstudio:someone/Tiny-GGUF:QUANT" in ambiguous.stderr
+
+    pulled = cli("pull", "lmstudio:someone/Tiny-GGUF", "--file", "tiny-Q8_0.gguf")
+    assert (pulled.exit_code, pulled.stdout) == (0, "")
+    assert "pulled someone/tiny-Q8_0 (LlamaForCausalLM, gguf Q8_0" in pulled.stderr
+
+    header, row = cli("ls").stdout.splitlines()
+    assert header.split()[:3] == ["NAME", "ARCHITECTURE", "FORMAT"]
+    assert row.split()[:4] == ["someone/tiny-Q8_0", "LlamaForCausalLM", "gguf", "Q8_0"]
+    [entry] = json.loads(cli("ls", "--json").stdout)
+    assert (entry["weights_format"], entry["quantization"]) == ("gguf", "Q8_0")
+
+
 def test_force_pulls_again(cli, tiny_model_dir):
     cli("pull", str(tiny_model_dir), "--name", "tiny")
 

