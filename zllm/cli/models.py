@@ -69,7 +69,9 @@ def pull(
         fail("pull interrupted; the store is unchanged", code=130)
     elapsed = time.monotonic() - started
     m = stored.manifest
-    err.print(f"[green]pulled[/] {m.name} ({m.architecture}, {_format(m)}, {human_size(m.size_bytes)}) in {elapsed:.1f}s")
+    err.print(
+        f"[green]pulled[/] {m.name} ({m.architecture}, {_format(m)}, {human_size(m.size_bytes)}) in {elapsed:.1f}s"
+    )
 
 
 def _as_json(model: StoredModel) -> dict[str, object]:

@@ -117,9 +117,9 @@ def transformers_architectures() -> frozenset[str]:
 def _transformers_reads(architecture: str) -> bool:
     # transformers maps a few llama.cpp names onto its own (qwen2moe → qwen2_moe, gpt-oss → gpt_oss)
     known = transformers_architectures()
-    return architecture in known or architecture.replace("-", "_") in known or architecture.replace(
-        "moe", "_moe"
-    ) in known
+    return (
+        architecture in known or architecture.replace("-", "_") in known or architecture.replace("moe", "_moe") in known
+    )
 
 
 def check_gguf(path: Path, label: str | None = None) -> GgufHeader:
@@ -145,7 +145,8 @@ def check_gguf(path: Path, label: str | None = None) -> GgufHeader:
     if not _transformers_reads(header.architecture):
         raise PullError(
             f"transformers cannot read the tokenizer and config of `{label}` (architecture `{header.architecture}`)",
-            hint="transformers' GGUF reader knows: " + ", ".join(sorted(transformers_architectures()))
+            hint="transformers' GGUF reader knows: "
+            + ", ".join(sorted(transformers_architectures()))
             + "; pull a safetensors version of the model instead",
         )
     if not header.has_chat_template:

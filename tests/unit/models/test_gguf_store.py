@@ -33,7 +33,9 @@ def test_a_gguf_is_stored_as_it_is_next_to_its_config_and_tokenizer(store, tiny_
     assert gguf_weights(model.path) == stored.resolve() and weights_format(model.path) == "gguf"
     config = json.loads((model.path / "config.json").read_text())
     assert (config["architectures"], config["model_type"], config["max_position_embeddings"]) == (
-        ["LlamaForCausalLM"], "llama", 256
+        ["LlamaForCausalLM"],
+        "llama",
+        256,
     )
 
 
@@ -65,8 +67,8 @@ def test_the_manifest_says_gguf_and_its_quantization(store, q8_gguf):
 
 
 def test_the_gguf_is_hashed_once(store, tiny_gguf, monkeypatch):
-    import zllm.models.sources.gguf_import as gguf_import
     import zllm.models.store as store_module
+    from zllm.models.sources import gguf_import
 
     hashed: list[str] = []
     for module in (gguf_import, store_module):

@@ -90,9 +90,7 @@ def pick_gguf(paths: list[str], where: str, *, quant: str | None = None, file: s
         )
     matches = [p for p in candidates if _matches(p, quant)]
     if not matches:
-        raise PullError(
-            f"{where} has no {quant} GGUF", hint=f"the quantizations there: {_available(candidates)}"
-        )
+        raise PullError(f"{where} has no {quant} GGUF", hint=f"the quantizations there: {_available(candidates)}")
     for path in matches:
         _refuse_split(path, where)
     if len(matches) > 1:

@@ -18,7 +18,7 @@ from zllm.models.progress import PullProgress
 from zllm.models.sources import Fetched
 from zllm.models.sources.gguf_import import Placement, stage_gguf
 from zllm.models.sources.gguf_pick import pick_gguf
-from zllm.models.sources.hub import progress_bar_class, hub_cache_dir, hub_endpoint, hub_errors
+from zllm.models.sources.hub import hub_cache_dir, hub_endpoint, hub_errors, progress_bar_class
 from zllm.models.staging import Stage
 
 _GGUF_ID = re.compile(
