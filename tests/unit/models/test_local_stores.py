@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zllm.errors import PullError
-from zllm.models.weights import GGUF_FILE
+from zllm.models.weights import GGUF_FILE, gguf_weights
 
 
 def _blob(blobs: Path, data: bytes) -> str:
@@ -160,3 +160,24 @@ def test_malformed_names_are_refused(store, text):
     with pytest.raises(PullError, match="is not an (Ollama|LM Studio) model") as caught:
         store.pull(text)
     assert caught.value.hint
+
+
+def test_an_ollama_store_on_another_file_system_is_symlinked(store, q8_gguf, monkeypatch):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(store.models_dir).st_dev:
+        pytest.skip("needs a second file system (/dev/shm)")
+    import shutil
+
+    root = shm / f"zllm-test-ollama-{os.getpid()}"
+    try:
+        add_ollama_model(root, "tiny", "q8", q8_gguf.read_bytes())
+        monkeypatch.setenv("OLLAMA_MODELS", str(root))
+        model = store.pull("ollama:tiny:q8")
+        stored = model.path / GGUF_FILE
+        blob = root / "blobs" / f"sha256-{hashlib.sha256(q8_gguf.read_bytes()).hexdigest()}"
+        assert model.manifest.origin["gguf_link"] == "symlink" and stored.is_symlink()
+        assert gguf_weights(model.path) == blob.resolve()  # the loader gets the real file
+        store.remove("tiny-q8")
+        assert blob.is_file()  # removing the model removes the link, never Ollama's blob
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
