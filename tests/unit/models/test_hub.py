@@ -339,3 +339,10 @@ def test_a_truncated_download_is_refused_and_leaves_nothing(store, gguf_hub, q8_
         store.pull("org/tiny-GGUF:Q8_0")
 
     assert tree_snapshot(models_dir) == before
+
+
+def test_an_unreachable_hub_says_so_for_a_gguf_pull(store):
+    # the autouse fixture points HF_ENDPOINT at a closed port
+    with pytest.raises(PullError, match="cannot reach http://127.0.0.1:9 to look up `org/tiny-GGUF`") as caught:
+        store.pull("org/tiny-GGUF:Q8_0")
+    assert "ollama:" in caught.value.hint

@@ -149,7 +149,26 @@ def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
             hint="check the network (HF_ENDPOINT, proxies), or pull a local .gguf file or model directory",
         ) from exc
     except Exception as exc:  # HTTP errors, disk full, ...: the store stays as it was either way
+        if _is_connection_error(exc):
+            raise PullError(
+                f"cannot reach {hub_endpoint()} to look up `{repo_id}`",
+                hint="check the network (HF_ENDPOINT, proxies), or pull a local .gguf file, ollama:, lmstudio: "
+                "or a model directory",
+            ) from exc
         raise PullError(f"downloading `{repo_id}` from {hub_endpoint()} failed") from exc
+
+
+_CONNECTION_ERRORS = ("ConnectionError", "ConnectError", "ConnectTimeout")
+
+
+def _is_connection_error(exc: BaseException | None) -> bool:
+    """No connection at all (refused, DNS, timeout), as opposed to an answer the hub gave."""
+    while exc is not None:
+        # the builtin ones, and the HTTP client's (requests / httpx: ConnectionError, ConnectError, ConnectTimeout)
+        if isinstance(exc, ConnectionError) or type(exc).__name__ in _CONNECTION_ERRORS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @dataclass(frozen=True)
