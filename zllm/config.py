@@ -70,8 +70,10 @@ class Settings:
     device: str = "auto"
     # "auto" = bfloat16 on cuda, float32 on cpu (bf16 is ~5x slower on AVX2 CPUs)
     dtype: str = "auto"
-    # torch intra-op threads; 0 = torch's default
+    # torch intra-op threads, or llama.cpp's; 0 = the backend's default
     threads: int = 0
+    # engine backend: auto (GGUF → llamacpp, safetensors → torch), torch, llamacpp
+    backend: str = "auto"
     # tokens; 0 = the model's own max_position_embeddings
     context_length: int = 0
     # required on every request when set (x-api-key or Authorization: Bearer)
@@ -134,6 +136,8 @@ class Settings:
             raise ConfigError(f"port must be 1..65535, not {self.port}")
         if self.threads < 0:
             raise ConfigError("threads must be >= 0")
+        if self.backend not in ("auto", "torch", "llamacpp"):
+            raise ConfigError(f"backend must be auto, torch or llamacpp, not {self.backend!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], not {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

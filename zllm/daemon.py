@@ -145,8 +145,9 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
             raise port_in_use(settings.host, settings.port, exc) from None
-        log.info("serving %s on http://%s:%d/v1 (tool dialect %s: %s)", served.name, settings.host, settings.port,
-                 engine.dialect_choice.name, engine.dialect_choice.reason)
+        log.info("serving %s on http://%s:%d/v1 (backend %s: %s; tool dialect %s: %s)", served.name, settings.host,
+                 settings.port, engine.loaded.backend, engine.loaded.backend_reason, engine.dialect_choice.name,
+                 engine.dialect_choice.reason)
         try:
             await stop.wait()
             control.phase = "stopping"
@@ -173,15 +174,18 @@ def describe_model(engine, served: Served):
     from zllm.control.protocol import LoadedModelInfo
 
     loaded = engine.loaded
+    facts = dict(name=served.name, path=str(served.path), device=str(loaded.device), dtype=loaded.quantization,
+                 context_length=loaded.context_length, loaded_at=time.time(), backend=loaded.backend,
+                 backend_reason=loaded.backend_reason, quantization=loaded.quantization)
+    architectures = getattr(loaded.config, "architectures", None)
+    if loaded.engine is not None:  # llama.cpp holds the weights: it counts them
+        return LoadedModelInfo(architecture=(architectures or ["-"])[0], parameters=loaded.engine.parameters,
+                               model_bytes=loaded.engine.model_bytes, **facts)
     model = loaded.model
     tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}.values()
-    architectures = getattr(model.config, "architectures", None) or [type(model).__name__]
-    return LoadedModelInfo(
-        name=served.name, path=str(served.path), architecture=architectures[0],
-        parameters=sum(p.numel() for p in model.parameters()), device=str(loaded.device),
-        dtype=str(loaded.dtype).removeprefix("torch."), context_length=loaded.context_length,
-        model_bytes=sum(t.numel() * t.element_size() for t in tensors), loaded_at=time.time(),
-    )
+    return LoadedModelInfo(architecture=(architectures or [type(model).__name__])[0],
+                           parameters=sum(p.numel() for p in model.parameters()),
+                           model_bytes=sum(t.numel() * t.element_size() for t in tensors), **facts)
 
 
 def near_miss_explainer():

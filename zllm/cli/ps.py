@@ -1,9 +1,10 @@
 """`zllm ps`: what the daemon has loaded, its memory, and the tool-call dialect with how it was chosen.
 
     $ zllm ps
-    NAME        ARCHITECTURE       PARAMS   DEVICE   DTYPE     CONTEXT   WEIGHTS    KV CACHE           DIALECT
-    smollm2     LlamaForCausalLM   135M     cpu      float32   8192      538.1 MB   12.6 MB / 2.1 GB   hermes_json
-    dialect hermes_json: the chat template mentions <tool_call>            (stderr: how it was chosen)
+    NAME      ARCHITECTURE       PARAMS   BACKEND    DEVICE   DTYPE   CONTEXT   WEIGHTS   KV CACHE            RESIDENT   DIALECT
+    smollm2   LlamaForCausalLM   135M     llamacpp   cpu      Q4_1    8192      96.6 MB   377.7 MB / 377.7 MB 520 MB     hermes
+    backend llamacpp: GGUF weights run on llama.cpp as they are             (stderr: how each was chosen)
+    dialect hermes: the chat template mentions <tool_call>
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Print the loaded mode
     if not models:
         err.print("no model loaded yet (the daemon is still loading it)")
         return
-    write_table(("NAME", "ARCHITECTURE", "PARAMS", "DEVICE", "DTYPE", "CONTEXT", "WEIGHTS", "KV CACHE", "DIALECT"),
-                [_row(m) for m in models])
+    write_table(("NAME", "ARCHITECTURE", "PARAMS", "BACKEND", "DEVICE", "DTYPE", "CONTEXT", "WEIGHTS", "KV CACHE",
+                 "RESIDENT", "DIALECT"), [_row(m) for m in models])
     for m in models:
+        if m.backend_reason:
+            err.print(f"backend {m.backend}: {m.backend_reason}", markup=False, highlight=False)
         if m.dialect_reason:
             err.print(f"dialect {m.dialect}: {m.dialect_reason}", markup=False, highlight=False)
 
@@ -42,5 +45,6 @@ def _row(m: LoadedModelInfo) -> tuple[str, ...]:
     kv = human_size(m.kv_cache_bytes)
     if m.kv_cache_budget_bytes:
         kv += f" / {human_size(m.kv_cache_budget_bytes)}"
-    return (m.name, m.architecture or "-", human_count(m.parameters), m.device or "-", m.dtype or "-",
-            str(m.context_length), human_size(m.model_bytes), kv, m.dialect or "-")
+    return (m.name, m.architecture or "-", human_count(m.parameters), m.backend or "-", m.device or "-",
+            m.quantization or m.dtype or "-", str(m.context_length), human_size(m.model_bytes), kv,
+            human_size(m.resident_bytes) if m.resident_bytes else "-", m.dialect or "-")

@@ -15,7 +15,8 @@ def serve(
     model: str = typer.Option(None, "--model", "-m", help="Model to serve (a store name, alias, hub id or path). [env: ZLLM_MODEL; default: smollm2]"),
     host: str = typer.Option(None, help="Address to bind. [env: ZLLM_HOST; default: 127.0.0.1]"),
     port: int = typer.Option(None, "--port", "-p", help="HTTP port. [env: ZLLM_PORT; default: 11435]"),
-    threads: int = typer.Option(None, help="CPU threads for the engine, 0 = torch default. [env: ZLLM_THREADS]"),
+    threads: int = typer.Option(None, help="CPU threads for the engine, 0 = the backend's default. [env: ZLLM_THREADS]"),
+    backend: str = typer.Option(None, "--backend", help="Engine: auto (GGUF on llama.cpp, safetensors on torch), torch or llamacpp. [env: ZLLM_BACKEND; default: auto]"),
     device: str = typer.Option(None, help="auto, cpu or cuda[:N]. [env: ZLLM_DEVICE]"),
     dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
     context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
@@ -37,7 +38,7 @@ def serve(
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="Prompt tokens per step while others decode (smaller: steadier streams; larger: sooner first token for long prompts). [env: ZLLM_PREFILL_CHUNK; default: 512]"),
     dialect: str = typer.Option(None, "--dialect", help="Tool dialect: auto (from the tokenizer), hermes, qwen3, glm45, deepseek-v3.2 or deepseek-v4. [env: ZLLM_DIALECT; default: auto]"),
 ) -> None:
-    """Serve a model over HTTP (OpenAI Chat Completions) in the foreground."""
+    """Serve a model over HTTP (OpenAI Chat Completions and Responses, Anthropic Messages) in the foreground."""
     from zllm import daemon
     from zllm.config import load_settings
     from zllm.models import RichPullProgress
@@ -50,7 +51,7 @@ def serve(
             responses_max_age_days=responses_max_age_days,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
             cache_dir=cache_dir, dialect=dialect, speculative=speculative,
-            draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk,
+            draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk, backend=backend,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -19,6 +19,7 @@ used through the attributes they have, so this layer can be tested with plain fa
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -92,6 +93,7 @@ class ControlMethods:
             raw = await asyncio.to_thread(cache.stats)
             model = replace(model, kv_cache_bytes=raw.get("device_bytes", 0) + raw.get("pool_bytes", 0),
                             kv_cache_budget_bytes=raw.get("device_budget_bytes", 0))
+        model = replace(model, resident_bytes=resident_bytes())
         choice = getattr(self._engine, "dialect_choice", None)
         if choice is not None:
             model = replace(model, dialect=str(getattr(choice, "name", "")),
@@ -159,3 +161,12 @@ class ControlMethods:
                 yield {"line": line}
             while follow:
                 yield {"line": await feed.get()}
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -135,6 +135,10 @@ class LoadedModelInfo(_Wire):
     dialect: str = ""
     dialect_reason: str = ""  # how the dialect was chosen ("chat template mentions <tool_call>", ...)
     loaded_at: float = 0.0
+    backend: str = ""  # the engine backend: "torch" or "llamacpp"
+    backend_reason: str = ""  # why ("GGUF weights run on llama.cpp as they are", "--backend torch", ...)
+    quantization: str = ""  # "Q4_1", "Q4_K_M", "float32", ...
+    resident_bytes: int = 0  # the daemon's real resident memory (RSS) when asked
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
 from zllm.errors import ConfigError
+
+# the GGUF a model directory holds (zllm/models/weights.py names the same file; engine/ cannot import models/)
+GGUF_FILE = "model.gguf"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,9 +35,30 @@ class LoadedModel:
     context_length: int
     # torch intra-op threads the engine thread must use (0 = torch's default)
     threads: int = 0
+    # the engine seam's backend that serves it (engine/contract.py), why, and the weights' quantization
+    backend: str = "torch"
+    backend_reason: str = "safetensors weights run on transformers"
+    # a backend built at load time (llama.cpp holds the weights itself; `model` is then None)
+    engine: Any = None
+    # transformers' config of the model (read from the GGUF for llama.cpp); None: model.config
+    model_config: Any = None
+    # the generation config's EOS id(s), when the model has one
+    generation_eos: Any = None
 
     def __post_init__(self) -> None:
         assert self.context_length > 0, "context_length is resolved at load time"
+
+    @property
+    def config(self):
+        return self.model_config if self.model_config is not None else self.model.config
+
+    @property
+    def text_config(self):
+        return self.config.get_text_config()
+
+    @property
+    def quantization(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -76,7 +101,9 @@ def load_model(
     # a per-tensor "Loading weights" bar is noise in a daemon log: loading a stored model takes a second
     transformers_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
+    # a GGUF directory on torch (--backend torch): transformers dequantizes it as it loads
+    gguf = {"gguf_file": GGUF_FILE} if (path / GGUF_FILE).is_file() else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa", **gguf)
     model.to(torch_device).eval()
     return LoadedModel(
         path=path,
@@ -86,11 +113,14 @@ def load_model(
         dtype=torch_dtype,
         context_length=_context_length(model, context_length),
         threads=threads,
+        backend_reason="safetensors weights run on transformers" if not gguf else "--backend torch (GGUF dequantized)",
     )
 
 
-def _context_length(model: PreTrainedModel, override: int) -> int:
-    native = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+def _context_length(model, override: int) -> int:
+    """`model`: a PreTrainedModel or its config."""
+    config = getattr(model, "config", model)
+    native = getattr(config.get_text_config(), "max_position_embeddings", None)
     if override > 0:
         # a longer window than the model was trained for is allowed (RoPE scaling users know what they do)
         return override

@@ -21,9 +21,10 @@ from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loader import LoadedModel, load_model
+from zllm.engine.select import load_for_backend
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
-from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.errors import ConfigError, ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig, PrefixCache
 from zllm.prompt import (
@@ -100,18 +101,23 @@ class LocalEngineClient:
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
+        generation_eos = (loaded.generation_eos if loaded.model is None
+                          else getattr(loaded.model.generation_config, "eos_token_id", None))
         self.stop_token_ids = model_stop_token_ids(
-            loaded.tokenizer,
-            getattr(loaded.model.generation_config, "eos_token_id", None),
-            loaded.model.config.get_text_config().eos_token_id,
+            loaded.tokenizer, generation_eos, loaded.text_config.eos_token_id,
         ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
-        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=loaded.model.config.get_text_config().vocab_size,
-                                    stop_token_ids=self.stop_token_ids)
+        vocab_size = loaded.engine.vocab_size if loaded.engine is not None else loaded.text_config.vocab_size
+        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids)
         # checks the dialect's literals against this tokenizer now: a dialect it cannot satisfy fails at startup
         self.markup = self.fences.markup_tokens(self.dialect)
-        runner = ModelRunner(loaded.model)
+        if draft_model is not None and loaded.engine is not None:
+            raise ConfigError("--draft-model runs on the torch backend only",
+                              hint="use --speculative (prompt lookup) on llama.cpp, or --backend torch")
+        # the engine seam (engine/contract.py): llama.cpp built at load, or torch over the loaded model
+        runner = loaded.engine if loaded.engine is not None else ModelRunner(loaded.model)
         self.prefix_cache: PrefixCache | None = (
-            build_prefix_cache(loaded, runner, cache_config) if prefix_cache else None)
+            build_prefix_cache(loaded, runner, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
+            if prefix_cache else None)
         self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
                                  prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
                                  observer=observer, scheduler=scheduler, draft_model=draft_model,
@@ -134,8 +140,9 @@ class LocalEngineClient:
         `settings.draft_model`, when set, is a model directory (the daemon resolves store names).
         """
         model_dir = Path(model_dir)
-        loaded = load_model(model_dir, device=settings.device, dtype=settings.dtype, threads=settings.threads,
-                            context_length=settings.context_length)
+        loaded = load_for_backend(model_dir, backend=settings.backend, device=settings.device, dtype=settings.dtype,
+                                  threads=settings.threads, context_length=settings.context_length,
+                                  cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch)
         draft = None
         if settings.draft_model:
             draft = load_draft_model(Path(settings.draft_model), loaded.tokenizer, device=str(loaded.device),
@@ -218,6 +225,8 @@ class LocalEngineClient:
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
         self.engine.shutdown(timeout)
+        if self.loaded.engine is not None and not self.engine.alive:
+            self.loaded.engine.close()  # llama.cpp's context and weights: only once the engine thread is gone
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)

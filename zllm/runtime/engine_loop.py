@@ -111,6 +111,10 @@ class EngineLoop:
         return self._queue.qsize() + len(self._line)
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def running(self) -> int:
         return len(self._rows)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from zllm.kvcache import (
     template_hash,
     weights_identity,
 )
+from zllm.kvcache.sequence_cache import SequencePrefixCache
 from zllm.runtime.detokenizer import raw_decoder
 
 log = logging.getLogger("zllm.runtime")
@@ -42,8 +44,9 @@ KV_SUBDIR = "kv"
 
 
 def served_model_key(loaded: LoadedModel) -> str:
-    """Everything about the served model that makes its KV incompatible with another's."""
-    dtype = str(loaded.dtype).removeprefix("torch.")
+    """Everything about the served model that makes its KV incompatible with another's (the backend too: llama.cpp
+    and torch compute the same model's KV differently)."""
+    dtype = loaded.quantization if loaded.backend == "torch" else f"{loaded.backend}:{loaded.quantization}"
     template = template_hash(getattr(loaded.tokenizer, "chat_template", None))
     return model_key(weights_identity(loaded.path), dtype, template)
 
@@ -51,8 +54,10 @@ def served_model_key(loaded: LoadedModel) -> str:
 def cache_config_from_settings(settings, loaded: LoadedModel, model: str) -> CacheConfig:
     """`settings` is a zllm.config.Settings (cache_budget_mb, cache_rounds, ssd_cache, ssd_cache_mb, ...)."""
     ssd_dir = Path(settings.cache_dir) / KV_SUBDIR if settings.ssd_cache else None
+    device_budget = (loaded.engine.kv_bytes if loaded.engine is not None
+                     else settings.cache_budget_mb * MiB or default_device_budget(loaded.device))
     return CacheConfig(
-        device_budget_bytes=settings.cache_budget_mb * MiB or default_device_budget(loaded.device),
+        device_budget_bytes=device_budget,
         rounds=settings.cache_rounds,
         ssd_dir=ssd_dir,
         ssd_budget_bytes=settings.ssd_cache_mb * MiB or (default_ssd_budget(ssd_dir) if ssd_dir else 0),
@@ -77,8 +82,11 @@ def default_ssd_budget(directory: Path) -> int:
     return min(SSD_DEFAULT_BYTES, shutil.disk_usage(directory).free // 2)
 
 
-def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheConfig | None) -> PrefixCache | None:
+def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheConfig | None, *,
+                       max_batch: int = 8) -> PrefixCache | SequencePrefixCache | None:
     """The model's prefix cache, or None when its KV is not plain full-attention per-layer tensors."""
+    if loaded.engine is not None:
+        return build_sequence_cache(loaded, config, max_batch)
     if not supports_working_buffers(runner.config):
         log.warning("prefix cache off: %s has sliding-window/linear-attention/shared KV layers",
                     type(loaded.model).__name__)
@@ -93,6 +101,20 @@ def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheCo
     log.info("prefix cache: device budget %d MB, %d rounds, %d bytes/token%s", config.device_budget_bytes // MiB,
              config.rounds, layout.bytes_per_token,
              f", SSD tier {config.ssd_dir} ({config.ssd_budget_bytes // MiB} MB)" if config.ssd_dir else "")
+    return cache
+
+
+def build_sequence_cache(loaded: LoadedModel, config: CacheConfig | None, max_batch: int) -> SequencePrefixCache:
+    """llama.cpp's cache: entries are sequences in its KV pool; snapshots are its exported sequence state."""
+    engine, key = loaded.engine, served_model_key(loaded)
+    config = config or CacheConfig(device_budget_bytes=engine.kv_bytes, model=key)
+    if config.ssd_dir is not None:  # a backend's own state format: its own directory beside the tensor tier's
+        config = replace(config, ssd_dir=config.ssd_dir.with_name(f"{config.ssd_dir.name}-{loaded.backend}"))
+    cache = SequencePrefixCache(config, engine, cells=engine.cells, bytes_per_token=engine.bytes_per_token,
+                                layout=f"{key}:{engine.bytes_per_token}", spare_sequences=max_batch + 1,
+                                decode=raw_decoder(loaded.tokenizer, skip_special_tokens=False))
+    log.info("prefix cache (llama.cpp): %d KV cells (%d MB), %d bytes/token%s", engine.cells,
+             engine.kv_bytes // MiB, engine.bytes_per_token, f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")
     return cache
 
 

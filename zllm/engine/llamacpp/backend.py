@@ -1,0 +1,279 @@
+"""`LlamaCppEngine`: the engine seam (engine/contract.py) over one llama.cpp context.
+
+One context, one unified KV pool (`kv_unified`), many sequences by id:
+
+    open()            a free sequence id, empty
+    open(lease)       the lease's sequence: the prefix cache already shared (seq_cp) or restored its prefix
+    step(rows)        ONE llama_decode over every row's tokens, each token tagged with its row's sequence id
+                      and position; logits requested after a row's last token (or after each, all_logits)
+    crop(seq, n)      llama_memory_seq_rm(seq, n, -1)
+    share(seq, n)     a new sequence whose first n cells ARE seq's (seq_cp in a unified pool: no copy)
+    export/import     llama_state_seq_get_data / set_data: a sequence as bytes (the SSD tier)
+
+`kv_unified` is what makes sharing work: without it each sequence has its own stream and a batch that
+mixes sequences after a seq_cp fails (design/ENGINE.md). Positions are tracked here per sequence, and
+llama.cpp checks them: a row continues exactly at its sequence's length.
+
+Logits come back as torch tensors on the CPU ([vocab] float32, copied out of llama.cpp's buffer, which the
+next decode overwrites): sampling, fences and the speculative verifier are zllm's, the same on both backends.
+Engine thread only: a llama.cpp context is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp as lc
+import numpy as np
+import torch
+
+from zllm.engine.contract import KeptState, Row
+from zllm.errors import EngineFailure
+
+log = logging.getLogger("zllm.engine")
+
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its log callback prints everything otherwise
+
+
+@dataclass(eq=False)
+class LlamaSequence:
+    """One sequence in the context's KV pool: its id and how many tokens (positions 0..length-1) it holds."""
+
+    seq_id: int
+    length: int = 0
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    cells: int  # KV cells in the unified pool: every running row and every kept entry share them
+    max_sequences: int = 64  # llama.cpp allows up to 256 (LLAMA_MAX_SEQ)
+    threads: int = 0  # 0 = the machine's cores
+    batch: int = 2048  # tokens per llama_decode (a step with more is split)
+    ubatch: int = 512  # tokens per compute graph inside a decode (llama.cpp's n_ubatch)
+    gpu_layers: int = -1  # layers offloaded to a GPU build (-1 = all); ignored by the CPU build
+    flash_attention: int = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+    def __post_init__(self) -> None:
+        assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
+        assert self.batch >= 1 and 1 <= self.ubatch <= self.batch
+
+
+class LlamaCppEngine:
+    backend = "llamacpp"
+    device = torch.device("cpu")  # where logits are handed out (llama.cpp returns them in host memory)
+
+    def __init__(self, gguf_path: str, settings: ContextSettings):
+        lc.llama_backend_init()
+        self.settings = settings
+        model_params = lc.llama_model_default_params()
+        model_params.n_gpu_layers = settings.gpu_layers if lc.llama_supports_gpu_offload() else 0
+        self.model = lc.llama_model_load_from_file(gguf_path.encode(), model_params)
+        if not self.model:
+            raise EngineFailure(f"llama.cpp could not load {gguf_path}")
+        self.ctx = lc.llama_init_from_model(self.model, self._context_params(settings))
+        if not self.ctx:
+            lc.llama_model_free(self.model)
+            raise EngineFailure("llama.cpp could not create a context", hint="lower the cache budget (KV cells)")
+        self.memory = lc.llama_get_memory(self.ctx)
+        self.vocab_size = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.cells = lc.llama_n_ctx(self.ctx)
+        self._batch = lc.llama_batch_init(settings.batch, 0, 1)
+        self._free_ids = list(range(settings.max_sequences - 1, -1, -1))  # pop() hands out 0 first
+        self.bytes_per_token = self._measure_bytes_per_token()
+
+    @staticmethod
+    def _context_params(settings: ContextSettings):
+        params = lc.llama_context_default_params()
+        params.n_ctx = settings.cells
+        params.n_batch = settings.batch
+        params.n_ubatch = settings.ubatch
+        params.n_seq_max = settings.max_sequences
+        params.kv_unified = True  # one pool shared by sequence ids: prefix sharing by seq_cp
+        threads = settings.threads or _cores()
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = settings.flash_attention
+        params.no_perf = True
+        return params
+
+    @staticmethod
+    def estimate_bytes_per_token(gguf_path: str) -> int:
+        """f16 K and V per layer per token, from the model's shape (before a context exists to measure)."""
+        lc.llama_backend_init()
+        params = lc.llama_model_default_params()
+        params.vocab_only = True
+        model = lc.llama_model_load_from_file(gguf_path.encode(), params)
+        try:
+            heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
+            head_dim = lc.llama_model_n_embd(model) // max(heads, 1)
+            return max(2 * 2 * lc.llama_model_n_layer(model) * kv_heads * head_dim, 1)
+        finally:
+            lc.llama_model_free(model)
+
+    def close(self) -> None:
+        if self.ctx:
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self.ctx)
+            lc.llama_model_free(self.model)
+            self.ctx = self.model = None
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def model_bytes(self) -> int:
+        return lc.llama_model_size(self.model)
+
+    @property
+    def parameters(self) -> int:
+        return lc.llama_model_n_params(self.model)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.cells * self.bytes_per_token
+
+    @property
+    def free_sequences(self) -> int:
+        return len(self._free_ids)
+
+    def _measure_bytes_per_token(self) -> int:
+        """KV bytes one token adds to a sequence's state (the state of 2 tokens minus that of 1)."""
+        seq = self.open()
+        try:
+            self.step([Row(seq, [0])])
+            one = lc.llama_state_seq_get_size(self.ctx, seq.seq_id)
+            self.step([Row(seq, [0])])
+            return max(lc.llama_state_seq_get_size(self.ctx, seq.seq_id) - one, 1)
+        finally:
+            self.release(seq)
+
+    # ------------------------------------------------------------------ the engine seam
+
+    def open(self, lease=None) -> LlamaSequence:
+        if lease is not None:
+            return lease.sequence
+        if not self._free_ids:
+            raise EngineFailure("every llama.cpp sequence is in use", hint="lower --max-batch or the cache rounds")
+        return LlamaSequence(self._free_ids.pop())
+
+    def step(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+        """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens."""
+        feeds = [(row.seq, token, row.seq.length + i, row.all_logits or i == len(row.token_ids) - 1)
+                 for row in rows for i, token in enumerate(row.token_ids)]
+        logits: list[torch.Tensor] = []
+        for start in range(0, len(feeds), self.settings.batch):
+            logits.extend(self._decode(feeds[start:start + self.settings.batch]))
+        for row in rows:
+            row.seq.length += len(row.token_ids)
+        results, cursor = [], 0
+        for row in rows:
+            if row.all_logits:
+                results.append(torch.stack(logits[cursor:cursor + len(row.token_ids)]))
+                cursor += len(row.token_ids)
+            else:
+                results.append(logits[cursor])
+                cursor += 1
+        return results
+
+    def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[torch.Tensor]:
+        batch = self._batch
+        for i, (seq, token, position, wants_logits) in enumerate(feeds):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq.seq_id
+            batch.logits[i] = wants_logits
+        batch.n_tokens = len(feeds)
+        status = lc.llama_decode(self.ctx, batch)
+        if status != 0:
+            # positions past a failed decode are undefined: drop what this batch may have written
+            for seq in {seq for seq, *_ in feeds}:
+                lc.llama_memory_seq_rm(self.memory, seq.seq_id, seq.length, -1)
+            raise EngineFailure(f"llama_decode failed ({status}{': no room in the KV pool' if status == 1 else ''})",
+                                hint="raise --cache-budget-mb or lower --max-batch")
+        return [self._logits_at(i) for i, feed in enumerate(feeds) if feed[3]]
+
+    def _logits_at(self, batch_index: int) -> torch.Tensor:
+        pointer = lc.llama_get_logits_ith(self.ctx, batch_index)
+        view = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,))
+        return torch.from_numpy(view.copy())  # the next decode overwrites llama.cpp's buffer
+
+    @staticmethod
+    def length(seq: LlamaSequence) -> int:
+        return seq.length
+
+    @staticmethod
+    def can_crop(seq: LlamaSequence) -> bool:
+        return True
+
+    def crop(self, seq: LlamaSequence, length: int) -> None:
+        assert 0 <= length <= seq.length, f"cannot crop a {seq.length}-token sequence to {length}"
+        if length < seq.length:
+            lc.llama_memory_seq_rm(self.memory, seq.seq_id, length, -1)
+            seq.length = length
+
+    def release(self, seq: LlamaSequence) -> None:
+        if seq.released:
+            return
+        lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
+        seq.released, seq.length = True, 0
+        self._free_ids.append(seq.seq_id)
+
+    @staticmethod
+    def kept_state(seq: LlamaSequence) -> KeptState:
+        return KeptState(seq)
+
+    # ------------------------------------------------------------------ what the prefix cache asks for
+
+    def share(self, source: LlamaSequence, length: int) -> LlamaSequence:
+        """A new sequence holding `source`'s first `length` tokens, sharing their cells (no copy)."""
+        assert 0 < length <= source.length
+        seq = self.open()
+        lc.llama_memory_seq_cp(self.memory, source.seq_id, seq.seq_id, 0, length)
+        seq.length = length
+        return seq
+
+    def export_state(self, seq: LlamaSequence) -> bytes:
+        size = lc.llama_state_seq_get_size(self.ctx, seq.seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_seq_get_data(self.ctx, buffer, size, seq.seq_id)
+        if written != size:
+            raise EngineFailure(f"llama.cpp wrote {written} of {size} state bytes")
+        return bytes(buffer)
+
+    def import_state(self, data: bytes, length: int) -> LlamaSequence:
+        """A new sequence from `export_state` bytes of a `length`-token sequence; EngineFailure when llama.cpp
+        refuses them (then nothing is held)."""
+        seq = self.open()
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = lc.llama_state_seq_set_data(self.ctx, buffer, len(data), seq.seq_id)
+        held = lc.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
+        if read != len(data) or held != length:
+            seq.length = max(held, 0)
+            self.release(seq)
+            raise EngineFailure(f"llama.cpp refused a saved sequence (read {read} of {len(data)} bytes, "
+                                f"{held} of {length} tokens)")
+        seq.length = length
+        return seq
+
+
+def read_quantization(gguf_path: str) -> str:
+    """The file type llama.cpp reports ("Q4_1", "Q4_K - Medium" → "Q4_K_M" style), from the model's description."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    field = reader.fields.get("general.file_type")
+    if field is None:
+        return "unknown"
+    try:
+        return gguf.LlamaFileType(field.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return "unknown"
+
+
+def _cores() -> int:
+    import os
+
+    return max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 1)

@@ -1,0 +1,52 @@
+"""Which engine backend serves a model directory, and loading it there.
+
+    auto      GGUF weights (model.gguf) → llamacpp; safetensors → torch
+    torch     transformers (a GGUF is dequantized as it loads: float32 on CPU, ~5x its file size)
+    llamacpp  llama.cpp (GGUF only)
+
+Each backend is imported only when chosen: a torch-only install never loads llama_cpp.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from zllm.engine.loader import GGUF_FILE, LoadedModel, load_model
+from zllm.errors import ConfigError
+
+BACKENDS = ("auto", "torch", "llamacpp")
+
+
+def choose_backend(requested: str, model_dir: Path) -> tuple[str, str]:
+    """(backend, why) for serving `model_dir`."""
+    if requested not in BACKENDS:
+        raise ConfigError(f"backend must be auto, torch or llamacpp, not {requested!r}")
+    is_gguf = (Path(model_dir) / GGUF_FILE).is_file()
+    if requested == "llamacpp":
+        if not is_gguf:
+            raise ConfigError(f"{model_dir} has safetensors weights; the llamacpp backend serves GGUF models",
+                              hint="pull the model's GGUF (zllm pull org/name-GGUF:Q4_K_M) or use --backend torch")
+        return "llamacpp", "--backend llamacpp"
+    if requested == "torch":
+        return "torch", "--backend torch" + (" (GGUF dequantized at load)" if is_gguf else "")
+    if not is_gguf:
+        return "torch", "safetensors weights run on transformers"
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "torch", "GGUF weights, but llama-cpp-python is not installed (dequantized at load)"
+    return "llamacpp", "GGUF weights run on llama.cpp as they are"
+
+
+def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "auto", dtype: str = "auto",
+                     threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
+                     max_batch: int = 8) -> LoadedModel:
+    chosen, reason = choose_backend(backend, model_dir)
+    if chosen == "llamacpp":
+        from zllm.engine.llamacpp.loader import load_gguf_model
+
+        return load_gguf_model(model_dir, threads=threads, context_length=context_length,
+                               cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason)
+    loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)
+    from dataclasses import replace
+
+    return replace(loaded, backend_reason=reason)

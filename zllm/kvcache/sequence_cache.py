@@ -1,0 +1,369 @@
+"""`SequencePrefixCache`: the prefix cache for engines that hold KV themselves (llama.cpp's unified pool).
+
+The torch backend's cache (prefix_cache.py) owns tensors: spans in a radix tree, copied into working buffers.
+Here the engine owns every cell, and an entry IS a kept sequence in the engine's pool:
+
+    lease = cache.acquire(namespace, prompt, ...)   # device hit: engine.share(entry, n) — the new sequence
+                                                    # shares the entry's first n cells (no copy); SSD hit:
+                                                    # engine.import_state(verified blob), cropped to n; else cold
+    # prefill prompt[lease.cached_tokens:] into lease.sequence, decode ...
+    cache.finish(lease, tokens, sequence, ...)      # the sequence becomes an entry; its state goes to SSD
+    cache.release(lease)                            # the request failed: the sequence is given back
+
+Budget, in tokens of the pool (`cells`): running requests reserve prompt + decode growth, entries count their
+whole length (cells shared between an entry and a row are counted twice, so the estimate never undercounts);
+least recently used entries are evicted to admit a request. An entry whose tokens are a prefix of a newer
+entry's is dropped when the newer one is kept: the newer sequence holds those cells too.
+
+The runtime-facing surface (acquire / finish / release / has_room_for / observe_prefill / stats / entries /
+prune / near_misses / flush / check_integrity / close) is PrefixCache's, so the engine loop and the control
+methods use either. Engine thread for the lifecycle; stats, entries, prune and near_misses from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from zllm.kvcache.cost import CostModel
+from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.prefix_cache import CacheConfig
+from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
+from zllm.kvcache.ssd_format import SnapshotInvalid
+from zllm.kvcache.state import common_prefix_length
+from zllm.kvcache.writer import SnapshotWriter
+
+log = logging.getLogger("zllm.kvcache")
+
+
+class SequenceEngine(Protocol):
+    """What this cache asks of the engine (LlamaCppEngine fills it)."""
+
+    free_sequences: int
+
+    def open(self, lease: Any = None) -> Any: ...
+
+    def share(self, source: Any, length: int) -> Any: ...
+
+    def crop(self, seq: Any, length: int) -> None: ...
+
+    def release(self, seq: Any) -> None: ...
+
+    def export_state(self, seq: Any) -> bytes: ...
+
+    def import_state(self, data: bytes, length: int) -> Any: ...
+
+    def length(self, seq: Any) -> int: ...
+
+
+@dataclass(eq=False)
+class SequenceEntry:
+    id: str
+    namespace: str
+    tokens: tuple[int, ...]
+    seq: Any
+    prompt_length: int
+    round: int
+    hint_key: str | None
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    hits: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(eq=False)
+class SequenceLease:
+    namespace: str
+    prompt: tuple[int, ...]
+    sequence: Any  # the engine's sequence, holding [0, cached_tokens) already
+    cached_tokens: int
+    tier: str  # "cold", "device", "device-hint", "ssd", "ssd-hint"
+    reserved: int  # pool tokens reserved for this request while it runs
+    round: int = 1
+    hint: str | None = None
+    restore_s: float = 0.0
+    near_miss: NearMiss | None = None
+    done: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
+
+
+class SequencePrefixCache:
+    def __init__(self, config: CacheConfig, engine: SequenceEngine, *, cells: int, bytes_per_token: int,
+                 layout: str, spare_sequences: int = 9, decode: Callable[[Sequence[int]], str] | None = None):
+        """`layout` names what makes a saved state loadable (model, backend, KV types); `spare_sequences` are
+        kept free for rows about to start (the batch size plus one)."""
+        self.config = config
+        self.engine = engine
+        self.cells = cells
+        self.bytes_per_token = bytes_per_token
+        self.spare_sequences = spare_sequences
+        self.entries_by_id: dict[str, SequenceEntry] = {}
+        self.reserved = 0
+        self._pending_release: list[Any] = []  # sequences of entries pruned from another thread
+        self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
+                                         min_fraction=config.near_miss_fraction)
+        self.store = SequenceSnapshots(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
+        self.writer = SnapshotWriter(self.store) if self.store is not None else None
+        self._cost_key = f"cost:seq:{layout}"
+        self.cost = CostModel.from_json(self.store.index.get_meta(self._cost_key) if self.store else None)
+        self._lock = threading.RLock()
+        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "device_hits": 0, "ssd_hits": 0,
+                         "ssd_not_worth_it": 0, "ssd_rejected": 0, "kept": 0, "not_kept": 0}
+
+    # ------------------------------------------------------------------ request lifecycle (engine thread)
+
+    def acquire(self, namespace: str, prompt: Sequence[int], *, hint: str | None = None, max_new_tokens: int = 1,
+                describe_position: Callable[[int], str] | None = None, request_id: str = "") -> SequenceLease:
+        prompt = tuple(prompt)
+        limit = len(prompt) - 1
+        reserve = len(prompt) + min(max_new_tokens, self.config.decode_reserve_tokens)
+        with self._lock:
+            entry, shared, hinted = self._device_match(namespace, prompt, hint)
+            self._make_room(reserve, keep=entry)
+            self.reserved += reserve
+        try:
+            lease = self._open(namespace, prompt, hint, reserve, entry, min(shared, limit), hinted)
+            self._note_near_miss(lease, entry, shared, describe_position, request_id)
+        except BaseException:
+            with self._lock:
+                self.reserved -= reserve
+            raise
+        with self._lock:
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += len(prompt)
+            self.counters["cached_tokens"] += lease.cached_tokens
+            if lease.tier.startswith("device"):
+                self.counters["device_hits"] += 1
+        return lease
+
+    def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
+        """Whether one more request fits beside the running ones (entries are evictable, rows are not)."""
+        need = prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens)
+        with self._lock:
+            return self.reserved + need <= self.cells and self.engine.free_sequences > 1
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        self.cost.observe_prefill(tokens, seconds)
+
+    def finish(self, lease: SequenceLease, sequence: Sequence[int], state: Any, *, entry_id: str,
+               prompt_length: int, hint_key: str | None = None, buffers: Any = None) -> bool:
+        """`state` is the request's engine sequence, holding exactly `sequence`; it becomes an entry."""
+        sequence = tuple(sequence)
+        hint_key = hint_key or (lease.hint if lease.hint not in self.entries_by_id else None)
+        with self._lock:
+            self._end(lease)
+            if self.config.rounds == 0 or not sequence or len(sequence) + self.reserved > self.cells:
+                self.engine.release(state)
+                self.counters["not_kept"] += 1
+                return False
+            self._submit_snapshot(lease, sequence, state, entry_id, prompt_length, hint_key)
+            self._drop_superseded(lease.namespace, sequence)
+            self.entries_by_id[entry_id] = SequenceEntry(entry_id, lease.namespace, sequence, state, prompt_length,
+                                                         lease.round, hint_key)
+            self._make_room(0)
+            self.counters["kept"] += 1
+            return entry_id in self.entries_by_id
+
+    def release(self, lease: SequenceLease, buffers: Any = None) -> None:
+        with self._lock:
+            if not lease.done:
+                self._end(lease)
+                self.engine.release(lease.sequence)
+
+    # ------------------------------------------------------------------ any thread
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            entries = list(self.entries_by_id.values())
+            stats: dict[str, object] = {
+                "device_bytes": sum(e.length for e in entries) * self.bytes_per_token,
+                "device_budget_bytes": self.cells * self.bytes_per_token,
+                # the pool is allocated whole: what entries do not hold is the running rows' room
+                "pool_bytes": max(self.cells - sum(e.length for e in entries), 0) * self.bytes_per_token,
+                "pool_in_use_bytes": self.reserved * self.bytes_per_token,
+                "retained_bytes": sum(e.length for e in entries) * self.bytes_per_token,
+                "entries": len(entries), "nodes": len(entries), "namespaces": len({e.namespace for e in entries}),
+                **self.counters, "near_misses": len(self.near_miss_log.records()),
+                "prefill_s_per_token": self.cost.prefill_s_per_token,
+                "restore_s_per_byte": self.cost.restore_s_per_byte,
+            }
+        if self.store is not None:
+            stats.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
+            stats["ssd_dropped_jobs"] = self.writer.dropped if self.writer else 0
+        return stats
+
+    def entries(self) -> list[dict[str, object]]:
+        with self._lock:
+            device = [{"tier": "device", "id": e.id, "namespace": e.namespace, "tokens": e.length,
+                       "prompt_tokens": e.prompt_length, "own_bytes": e.length * self.bytes_per_token,
+                       "round": e.round, "conversation": e.id, "created": e.created, "hits": e.hits}
+                      for e in sorted(self.entries_by_id.values(), key=lambda e: e.last_used, reverse=True)]
+        ssd = [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
+                "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
+                "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
+               for r in (self.store.snapshots() if self.store else [])]
+        return device + ssd
+
+    def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
+              namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
+        """Device entries are dropped at the engine's next acquire or finish (the pool is engine-thread only):
+        here they are only unlisted and their sequences queued for release."""
+        out = {"device_freed_bytes": 0, "ssd_removed": 0}
+        if "device" in tiers:
+            with self._lock:
+                now = time.time()
+                doomed = [e for e in self.entries_by_id.values()
+                          if (namespace is None or e.namespace == namespace)
+                          and (older_than_s is None or now - e.created > older_than_s)
+                          and (older_than_s is not None or namespace is not None)]
+                if max_bytes is not None:
+                    left = sorted((e for e in self.entries_by_id.values() if e not in doomed), key=lambda e: e.last_used)
+                    total = sum(e.length for e in left) * self.bytes_per_token
+                    for e in left:
+                        if total <= max_bytes:
+                            break
+                        doomed.append(e)
+                        total -= e.length * self.bytes_per_token
+                for e in doomed:
+                    self._pending_release.append(self.entries_by_id.pop(e.id).seq)
+                    out["device_freed_bytes"] += e.length * self.bytes_per_token
+        if "ssd" in tiers and self.store is not None:
+            out["ssd_removed"] = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes,
+                                                      namespace=namespace))
+        return out
+
+    def near_misses(self) -> list[NearMiss]:
+        return self.near_miss_log.records()
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            assert self.reserved >= 0, "reservations never go negative"
+            for entry in self.entries_by_id.values():
+                assert self.engine.length(entry.seq) == entry.length, f"entry {entry.id} lost cells"
+        self.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.store is not None:
+            self.store.index.set_meta(self._cost_key, self.cost.to_json())
+            self.store.close()
+
+    # ------------------------------------------------------------------ internals (engine thread)
+
+    def _device_match(self, namespace: str, prompt: tuple[int, ...], hint: str | None
+                      ) -> tuple[SequenceEntry | None, int, bool]:
+        self._release_pending()
+        best, best_shared, hinted = None, 0, False
+        for entry in self.entries_by_id.values():
+            if entry.namespace != namespace:
+                continue
+            shared = common_prefix_length(entry.tokens, prompt)
+            named = hint is not None and hint in (entry.id, entry.hint_key) and shared == entry.length
+            if named or (shared > best_shared and not hinted):
+                best, best_shared, hinted = entry, shared, named
+        return best, best_shared, hinted
+
+    def _open(self, namespace: str, prompt: tuple[int, ...], hint: str | None, reserve: int,
+              entry: SequenceEntry | None, device_length: int, hinted: bool) -> SequenceLease:
+        limit = len(prompt) - 1
+        restored = self._try_ssd(namespace, prompt, hint, device_length, limit)
+        if restored is not None:
+            seq, length, tier, round_, seconds = restored
+            return SequenceLease(namespace, prompt, seq, length, tier, reserve, round=round_, hint=hint,
+                                 restore_s=seconds)
+        if entry is not None and device_length > 0:
+            entry.last_used, entry.hits = time.monotonic(), entry.hits + 1
+            seq = self.engine.share(entry.seq, device_length)
+            return SequenceLease(namespace, prompt, seq, device_length, "device-hint" if hinted else "device",
+                                 reserve, round=entry.round + 1, hint=hint)
+        return SequenceLease(namespace, prompt, self.engine.open(), 0, "cold", reserve, hint=hint)
+
+    def _try_ssd(self, namespace: str, prompt: tuple[int, ...], hint: str | None, device_length: int, limit: int):
+        if self.store is None or device_length >= limit:
+            return None
+        match = self.store.lookup(namespace, prompt, hint)
+        if match is None or min(match.length, limit) <= device_length:
+            return None
+        length = min(match.length, limit)
+        if not self.cost.restore_pays(length - device_length, match.row.nbytes):
+            self.counters["ssd_not_worth_it"] += 1
+            return None
+        started = time.perf_counter()
+        try:
+            state = self.store.read(match.row)
+            seq = self.engine.import_state(state, match.row.length)
+        except (SnapshotInvalid, Exception) as exc:  # a damaged blob, or state llama.cpp refuses: recompute
+            if not isinstance(exc, SnapshotInvalid):
+                self.store.quarantine(match.row)
+            self.counters["ssd_rejected"] += 1
+            log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, exc)
+            return None
+        self.engine.crop(seq, length)
+        seconds = time.perf_counter() - started
+        self.cost.observe_restore(match.row.nbytes, seconds)
+        self.counters["ssd_hits"] += 1
+        round_ = match.row.round + 1 if length >= match.row.prompt_len else 1
+        return seq, length, "ssd-hint" if match.hinted else "ssd", round_, seconds
+
+    def _note_near_miss(self, lease: SequenceLease, entry: SequenceEntry | None, shared: int,
+                        describe: Callable[[int], str] | None, request_id: str) -> None:
+        near = self.near_miss_log
+        if entry is not None and lease.tier != "ssd" and near.qualifies(shared, entry.length, len(lease.prompt)):
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=entry.id, tier="device",
+                                          request=lease.prompt, entry=entry.tokens, shared=shared,
+                                          prompt_length=entry.prompt_length, describe=describe,
+                                          request_id=request_id)
+
+    def _submit_snapshot(self, lease: SequenceLease, sequence: tuple[int, ...], seq: Any, entry_id: str,
+                         prompt_length: int, hint_key: str | None) -> None:
+        if self.writer is None or len(sequence) < self.config.ssd_min_tokens or self.writer.full():
+            return
+        state = self.engine.export_state(seq)  # a copy out of the pool: the writer thread never touches llama.cpp
+        self.writer.submit(SequenceJob(entry_id, lease.namespace, self.config.model, sequence, prompt_length,
+                                       lease.round, state, hint_key))
+
+    def _drop_superseded(self, namespace: str, sequence: tuple[int, ...]) -> None:
+        for entry in list(self.entries_by_id.values()):
+            if entry.namespace == namespace and entry.length <= len(sequence) and \
+                    sequence[:entry.length] == entry.tokens:
+                self._evict(entry)
+
+    def _make_room(self, need: int, keep: SequenceEntry | None = None) -> None:
+        """Evict least recently used entries until `need` more tokens and a spare sequence fit."""
+        self._release_pending()
+        while True:
+            held = sum(e.length for e in self.entries_by_id.values())
+            short_of_ids = self.engine.free_sequences < self.spare_sequences
+            if (held + self.reserved + need <= self.cells and not short_of_ids) or not self.entries_by_id:
+                return
+            candidates = [e for e in self.entries_by_id.values() if e is not keep] or [keep]
+            self._evict(min(candidates, key=lambda e: e.last_used))
+            if keep is not None and keep.id not in self.entries_by_id:
+                keep = None
+
+    def _evict(self, entry: SequenceEntry) -> None:
+        del self.entries_by_id[entry.id]
+        self.engine.release(entry.seq)
+
+    def _release_pending(self) -> None:
+        while self._pending_release:
+            self.engine.release(self._pending_release.pop())
+
+    def _end(self, lease: SequenceLease) -> None:
+        if not lease.done:
+            lease.done = True
+            self.reserved -= lease.reserved

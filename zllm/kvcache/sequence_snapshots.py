@@ -1,0 +1,291 @@
+"""The SSD tier for engines that hold their own KV (llama.cpp): one opaque state blob per snapshot.
+
+    <cache_dir>/kv-<backend>/index.sqlite + blobs/<gen>.seqstate + quarantine/
+
+A blob is a backend's exported sequence state (`llama_state_seq_get_data`), framed so that a read can trust
+nothing it did not check:
+
+    b"ZLLMSEQ1" | u32 header length | header JSON {layout, tokens, token_sha256, state_bytes, blake2b} | state
+
+Commit protocol, as the tensor tier's (ssd_tier.py): write blobs/<gen>.tmp and fsync it, rename, fsync the
+directory, then insert the index row in one sqlite transaction; a crash at any instant leaves the old state or
+the new one. Deletion runs the other way round: row first, then the file.
+
+Reads verify the frame, the layout, the token hash against the index row and a BLAKE2b checksum over the
+state bytes before a byte reaches the engine: a blob that fails is quarantined and the lookup is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import struct
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from zllm.kvcache.ssd_format import SnapshotInvalid
+from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, pack_tokens, token_sha256
+from zllm.kvcache.state import common_prefix_length
+
+log = logging.getLogger("zllm.kvcache")
+
+MAGIC = b"ZLLMSEQ1"
+BLOB_SUFFIX = ".seqstate"
+MAX_HEADER = 1 << 16
+
+
+@dataclass(frozen=True)
+class SequenceJob:
+    """A kept sequence's exported state, handed to the writer thread."""
+
+    id: str
+    namespace: str
+    model: str
+    tokens: tuple[int, ...]
+    prompt_length: int
+    round: int
+    state: bytes
+    hint_key: str | None = None
+
+
+@dataclass(frozen=True)
+class SequenceMatch:
+    row: SnapshotRow
+    length: int  # tokens shared with the request (a prefix of the snapshot; the engine crops the rest)
+    hinted: bool = False
+
+
+def blob_file(generation: int) -> str:
+    return f"{generation:016x}{BLOB_SUFFIX}"
+
+
+def checksum(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class SequenceSnapshots:
+    def __init__(self, directory: Path, layout: str, budget_bytes: int):
+        self.directory = Path(directory)
+        self.layout = layout
+        self.budget_bytes = budget_bytes
+        self.blobs, self.quarantine_dir = self.directory / "blobs", self.directory / "quarantine"
+        for d in (self.blobs, self.quarantine_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.index = self._open_index()
+        self._lock = threading.Lock()
+        self.rows: dict[str, SnapshotRow] = {}
+        self.quarantined = 0
+        self._touches: dict[str, SnapshotRow] = {}
+        self._generation = self._recover()
+
+    # ------------------------------------------------------------------ startup
+
+    def _open_index(self) -> SnapshotIndex:
+        path = self.directory / "index.sqlite"
+        try:
+            index = SnapshotIndex(path)
+            index.load()
+            return index
+        except sqlite3.DatabaseError as exc:  # garbage, or from a future version: set aside, start empty
+            log.warning("kv cache: SSD index %s is unreadable (%s); set aside, starting empty", path, exc)
+            self._set_aside(path)
+            for suffix in ("-wal", "-shm"):
+                self._set_aside(path.with_name(path.name + suffix))
+            return SnapshotIndex(path)
+
+    def _recover(self) -> int:
+        """Load the index; drop rows whose blob is missing, files no row names, and half-written temps."""
+        rows, bad = self.index.load()
+        kept = {}
+        for row in rows:
+            if (self.blobs / blob_file(row.generation)).is_file() and row.parent is None:
+                kept[row.id] = row
+            else:
+                bad.append(row.id)
+        if bad:
+            self.index.delete(bad)
+        named = {blob_file(row.generation) for row in kept.values()}
+        for path in self.blobs.iterdir():
+            if path.name not in named:
+                self._set_aside(path) if path.is_dir() else path.unlink(missing_ok=True)
+        self.rows = kept
+        return max((row.generation for row in kept.values()), default=self.index.max_generation()) + 1
+
+    # ------------------------------------------------------------------ lookups and reads (engine thread)
+
+    def lookup(self, namespace: str, tokens: tuple[int, ...], hint: str | None = None) -> SequenceMatch | None:
+        """The snapshot sharing the longest prefix with `tokens` (a hinted one first, when it is a prefix)."""
+        packed = pack_tokens(tokens)
+        best: SequenceMatch | None = None
+        with self._lock:
+            rows = [row for row in self.rows.values() if row.namespace == namespace]
+        for row in rows:
+            shared = common_prefix_length(row.tokens, packed) // 4
+            hinted = hint is not None and hint in (row.id, row.hint_key) and shared == row.length
+            if shared and (best is None or hinted or (shared > best.length and not best.hinted)):
+                best = SequenceMatch(row, shared, hinted)
+        return best
+
+    def read(self, row: SnapshotRow) -> bytes:
+        """The state bytes of `row`, verified; SnapshotInvalid (and the blob quarantined) when anything is off."""
+        path = self.blobs / blob_file(row.generation)
+        try:
+            state = _read_frame(path, self.layout, row)
+        except SnapshotInvalid:
+            self.quarantine(row)
+            raise
+        self._touch(row)
+        return state
+
+    def quarantine(self, row: SnapshotRow) -> None:
+        with self._lock:
+            self.rows.pop(row.id, None)
+        self.index.delete([row.id])
+        self._set_aside(self.blobs / blob_file(row.generation))
+        self.quarantined += 1
+
+    # ------------------------------------------------------------------ writes (writer thread)
+
+    def commit(self, job: SequenceJob) -> SnapshotRow | None:
+        packed = pack_tokens(job.tokens)
+        with self._lock:
+            generation, self._generation = self._generation, self._generation + 1
+        final = self.blobs / blob_file(generation)
+        temp = final.with_suffix(".tmp")
+        header = json.dumps({"layout": self.layout, "tokens": len(job.tokens), "token_sha256": token_sha256(packed),
+                             "state_bytes": len(job.state), "blake2b": checksum(job.state)}).encode()
+        with open(temp, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header)
+            f.write(job.state)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, final)
+        _fsync_dir(self.blobs)
+        now = time.time()
+        row = SnapshotRow(job.id, job.namespace, job.model, None, 0, packed, generation, final.stat().st_size,
+                          job.round, job.prompt_length, job.hint_key, now, now)
+        self.index.insert(row)
+        with self._lock:
+            self.rows[row.id] = row
+        self._enforce_budget()
+        return row
+
+    def flush_touches(self) -> None:
+        with self._lock:
+            touches, self._touches = self._touches, {}
+        if touches:
+            self.index.touch([(row.last_used, row.hits, row.id) for row in touches.values()])
+
+    # ------------------------------------------------------------------ maintenance (any thread)
+
+    def snapshots(self) -> list[SnapshotRow]:
+        with self._lock:
+            return sorted(self.rows.values(), key=lambda r: r.last_used, reverse=True)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"snapshots": len(self.rows), "bytes": sum(r.nbytes for r in self.rows.values()),
+                    "budget_bytes": self.budget_bytes, "quarantined": self.quarantined}
+
+    def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
+              namespace: str | None = None) -> list[str]:
+        now, doomed = time.time(), []
+        for row in self.snapshots():
+            if (namespace is None or row.namespace == namespace) and \
+                    (older_than_s is None or now - row.last_used > older_than_s):
+                if older_than_s is not None or (namespace is not None and max_bytes is None):
+                    doomed.append(row)
+        if max_bytes is not None:
+            left = [r for r in self.snapshots() if r not in doomed]
+            total = sum(r.nbytes for r in left)
+            for row in reversed(left):  # least recently used first
+                if total <= max_bytes:
+                    break
+                doomed.append(row)
+                total -= row.nbytes
+        self._delete(doomed)
+        return [row.id for row in doomed]
+
+    def close(self) -> None:
+        self.flush_touches()
+        self.index.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _touch(self, row: SnapshotRow) -> None:
+        with self._lock:
+            touched = replace(self.rows.get(row.id, row), last_used=time.time(), hits=row.hits + 1)
+            if row.id in self.rows:
+                self.rows[row.id] = touched
+            self._touches[row.id] = touched
+
+    def _enforce_budget(self) -> None:
+        rows = self.snapshots()
+        total = sum(r.nbytes for r in rows)
+        doomed = []
+        for row in reversed(rows):
+            if total <= self.budget_bytes:
+                break
+            doomed.append(row)
+            total -= row.nbytes
+        self._delete(doomed)
+
+    def _delete(self, rows: list[SnapshotRow]) -> None:
+        if not rows:
+            return
+        self.index.delete([row.id for row in rows])  # the row first: a crash leaves an orphan file, not a dangling row
+        with self._lock:
+            for row in rows:
+                self.rows.pop(row.id, None)
+        for row in rows:
+            (self.blobs / blob_file(row.generation)).unlink(missing_ok=True)
+
+    def _set_aside(self, path: Path) -> None:
+        if not path.exists() and not path.is_symlink():
+            return
+        target = self.quarantine_dir / f"{path.name}.{time.time_ns()}"
+        try:
+            os.replace(path, target)
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        log.warning("kv cache: set aside %s", path.name)
+
+
+def _read_frame(path: Path, layout: str, row: SnapshotRow) -> bytes:
+    try:
+        if not path.is_file():
+            raise SnapshotInvalid(f"{path.name} is not a file")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise SnapshotInvalid(f"{path.name}: {exc}") from exc
+    if data[:8] != MAGIC or len(data) < 12:
+        raise SnapshotInvalid(f"{path.name}: not a sequence snapshot")
+    (header_len,) = struct.unpack("<I", data[8:12])
+    if header_len > MAX_HEADER or 12 + header_len > len(data):
+        raise SnapshotInvalid(f"{path.name}: header length {header_len} is impossible")
+    try:
+        header = json.loads(data[12:12 + header_len])
+        expected = {"layout": layout, "tokens": row.length, "token_sha256": token_sha256(row.tokens)}
+        if any(header.get(k) != v for k, v in expected.items()):
+            raise SnapshotInvalid(f"{path.name}: written for another model, layout or token sequence")
+        state = data[12 + header_len:]
+        if header.get("state_bytes") != len(state) or header.get("blake2b") != checksum(state):
+            raise SnapshotInvalid(f"{path.name}: state bytes fail their checksum (truncated or damaged)")
+    except (ValueError, AttributeError) as exc:
+        raise SnapshotInvalid(f"{path.name}: unreadable header") from exc
+    return state
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
