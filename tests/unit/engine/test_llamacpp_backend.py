@@ -1,0 +1,134 @@
+"""The llama.cpp backend against itself: a continued, shared, restored or batched sequence gives the logits a
+fresh prefill of the same tokens gives.
+
+llama.cpp's own run-to-run tolerance, measured here on the F32 tiny model: the same tokens fed in the same batch
+shapes agree to ~1e-6 of the logits' scale (0.0 when the cells land in the same places; a unified pool may
+place a sequence's cells elsewhere, which changes the attention's summation order) — asserted at 1e-4 for a
+prefix shared by seq_cp or restored from state bytes. Feeding the same tokens in other batch shapes (one
+120-token batch vs 50 + 50 + 20) changes the kernels' accumulation order: ≤ 2% of the scale, asserted, with
+the same greedy token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from tests.support.tiny_gguf import tiny_gguf_path  # noqa: E402,F401  (fixture)
+from zllm.engine.contract import Row  # noqa: E402
+from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
+
+PROMPT = [(i * 7919) % 500 + 20 for i in range(120)]
+SAME_SHAPES_TOLERANCE = 1e-4  # of max |logit| (see the module docstring)
+SPLIT_TOLERANCE = 0.02  # of max |logit|, across batch shapes
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor, tolerance: float = SAME_SHAPES_TOLERANCE) -> None:
+    assert (a - b).abs().max() <= tolerance * b.abs().max()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf_path):
+    engine = LlamaCppEngine(str(tiny_gguf_path("llama-bpe")), ContextSettings(cells=2048, threads=1, max_sequences=16))
+    yield engine
+    engine.close()
+
+
+def fed(engine, tokens, *splits):
+    """A fresh sequence fed `tokens` in chunks ending at `splits`; (sequence, logits after the last token)."""
+    seq, start = engine.open(), 0
+    for stop in (*splits, len(tokens)):
+        logits = engine.step([Row(seq, tokens[start:stop])])[0]
+        start = stop
+    return seq, logits
+
+
+def test_a_shared_prefix_continues_exactly_as_a_fresh_sequence(engine) -> None:
+    source, _ = fed(engine, PROMPT)
+    shared = engine.share(source, 80)
+    continued = engine.step([Row(shared, PROMPT[80:])])[0]
+    fresh, reference = fed(engine, PROMPT, 80)
+    assert_same(continued, reference)
+    assert engine.length(shared) == len(PROMPT)
+    for seq in (source, shared, fresh):
+        engine.release(seq)
+
+
+def test_exported_state_restores_exactly_after_a_crop(engine) -> None:
+    source, _ = fed(engine, PROMPT)
+    data = engine.export_state(source)
+    assert len(data) > engine.bytes_per_token * len(PROMPT) * 0.9
+    restored = engine.import_state(data, len(PROMPT))
+    engine.crop(restored, 90)
+    after_restore = engine.step([Row(restored, PROMPT[90:])])[0]
+    fresh, reference = fed(engine, PROMPT, 90)
+    assert_same(after_restore, reference)
+    for seq in (source, restored, fresh):
+        engine.release(seq)
+
+
+def test_state_from_another_engine_restores_exactly(engine, tiny_gguf_path) -> None:
+    """A restart: the state saved by one context is loaded by a new one over the same file."""
+    source, _ = fed(engine, PROMPT, 100)
+    data = engine.export_state(source)
+    engine.release(source)
+    other = LlamaCppEngine(str(tiny_gguf_path("llama-bpe")), ContextSettings(cells=1024, threads=1, max_sequences=4))
+    try:
+        restored = other.import_state(data, len(PROMPT))
+        logits = other.step([Row(restored, [5])])[0]
+    finally:
+        other.close()
+    fresh, _ = fed(engine, PROMPT, 100)
+    reference = engine.step([Row(fresh, [5])])[0]
+    assert_same(logits, reference)
+    engine.release(fresh)
+
+
+def test_refused_state_leaves_nothing_held(engine) -> None:
+    free = engine.free_sequences
+    source, _ = fed(engine, PROMPT)
+    data = bytearray(engine.export_state(source))
+    engine.release(source)
+    with pytest.raises(Exception):
+        engine.import_state(bytes(data[: len(data) // 2]), len(PROMPT))
+    assert engine.free_sequences == free
+
+
+def test_rows_batched_in_one_decode_equal_each_alone(engine) -> None:
+    prompts = [PROMPT[:40], PROMPT[10:70], PROMPT[5:25]]
+    alone = []
+    for prompt in prompts:
+        seq, logits = fed(engine, prompt)
+        alone.append((seq, logits, engine.step([Row(seq, [7])])[0]))
+    together = [engine.open() for _ in prompts]
+    first = engine.step([Row(seq, prompt) for seq, prompt in zip(together, prompts)])
+    second = engine.step([Row(seq, [7]) for seq in together])
+    for (seq, logits, next_logits), a, b in zip(alone, first, second):
+        scale = logits.abs().max()
+        assert (a - logits).abs().max() <= SPLIT_TOLERANCE * scale
+        assert (b - next_logits).abs().max() <= SPLIT_TOLERANCE * scale
+        assert int(b.argmax()) == int(next_logits.argmax())
+    for seq in [s for s, *_ in alone] + together:
+        engine.release(seq)
+
+
+def test_all_logits_rows_and_crop_serve_a_speculative_verify(engine) -> None:
+    seq, _ = fed(engine, PROMPT[:60])
+    rows = engine.step([Row(seq, PROMPT[60:66], all_logits=True)])[0]
+    assert rows.shape == (6, engine.vocab_size)
+    engine.crop(seq, 62)  # two drafted tokens accepted, the rest rejected
+    again = engine.step([Row(seq, PROMPT[62:66], all_logits=True)])[0]
+    scale = rows.abs().max()
+    assert (again - rows[2:]).abs().max() <= SPLIT_TOLERANCE * scale
+    assert torch.equal(again.argmax(-1), rows[2:].argmax(-1))
+    engine.release(seq)
+
+
+def test_full_prefill_in_one_batch_is_within_llama_cpp_tolerance(engine) -> None:
+    one, whole = fed(engine, PROMPT)
+    split, chunked = fed(engine, PROMPT, 50, 100)
+    assert (whole - chunked).abs().max() <= SPLIT_TOLERANCE * whole.abs().max()
+    engine.release(one)
+    engine.release(split)
