@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-bench and llama-server from the exact llama.cpp
+# source that the installed llama-cpp-python bundles (its sdist's
+# vendor/llama.cpp), so the reference numbers use the same kernels as zllm's
+# llama.cpp backend.
+#
+#   bench/build_llama_tools.sh [OUT_DIR]     (default /tmp/llama-tools)
+#
+# Result: OUT_DIR/bin/llama-bench, OUT_DIR/bin/llama-server, OUT_DIR/bin/llama-batched-bench.
+# The source and the build stay under OUT_DIR; nothing is committed.
+#
+# Flags: llama-cpp-python's CMakeLists.txt on Linux only forces
+# BUILD_SHARED_LIBS=On, LLAMA_BUILD_COMMON=ON, LLAMA_CURL=OFF and leaves the
+# ggml options at llama.cpp's defaults (GGML_NATIVE=ON, GGML_OPENMP=ON,
+# GGML_LLAMAFILE=ON, CPU repack); scikit-build-core builds Release.  Its
+# llama_print_system_info() on this machine reports AVX512/AVX512_VNNI/
+# AVX512_BF16/AVX_VNNI, OPENMP=1, LLAMAFILE=1, REPACK=1.  We pass the same:
+# GGML_NATIVE=ON, OpenMP on (default), Release, shared libs.
+set -euo pipefail
+
+OUT=${1:-/tmp/llama-tools}
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+JOBS=${JOBS:-2}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+PIP=${PIP:-$HERE/.venv/bin/pip}
+
+mkdir -p "$OUT/src"
+SDIST="$OUT/src/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+  "$PIP" download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$OUT/src"
+fi
+SRC="$OUT/src/llama_cpp_python-$VERSION"
+[ -d "$SRC/vendor/llama.cpp" ] || tar -xzf "$SDIST" -C "$OUT/src"
+LLAMA="$SRC/vendor/llama.cpp"
+
+cmake -S "$LLAMA" -B "$OUT/build" \
+  -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DGGML_OPENMP=ON \
+  -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release
+# llama-batched-bench: llama.cpp's own aggregate decode of K parallel sequences (the streams reference)
+cmake --build "$OUT/build" --target llama-bench llama-server llama-batched-bench -j"$JOBS"
+
+mkdir -p "$OUT/bin"
+ln -sf "$OUT/build/bin/llama-bench" "$OUT/bin/llama-bench"
+ln -sf "$OUT/build/bin/llama-server" "$OUT/bin/llama-server"
+ln -sf "$OUT/build/bin/llama-batched-bench" "$OUT/bin/llama-batched-bench"
+"$OUT/bin/llama-bench" --help >/dev/null
+echo "built: $OUT/bin/llama-bench $OUT/bin/llama-server"
