@@ -46,7 +46,8 @@ def fake_daemon(env, serve, loop_thread):
                                  request_shutdown=lambda: None, explain=explain)
         control.attach(fake_engine(FakeCache()), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
                                                                   parameters=1_234_567, model_bytes=4_938_268,
-                                                                  context_length=192, device="cpu", dtype="float32"))
+                                                                  context_length=192, device="cpu", dtype="float32",
+                                                                  backend="torch", backend_reason="safetensors"))
         serve({**control.methods(), **(extra_methods or {})}, control.streams(), version=version)
         for i in range(3):
             loop_thread.call(trace.publish, RequestReport(
@@ -87,9 +88,11 @@ def test_ps_shows_memory_and_the_dialect(fake_daemon, capsys) -> None:
     code, out, err = zllm(capsys, "ps")
     header, row = out.splitlines()
     assert code == 0 and header.split()[:3] == ["NAME", "ARCHITECTURE", "PARAMS"]
-    assert row.split() == ["tiny", "Qwen3ForCausalLM", "1.2M", "cpu", "float32", "192", "4.9", "MB", "4.5", "KB",
-                           "/", "16.0", "KB", "hermes_json"]
-    assert err == "dialect hermes_json: template mentions <tool_call>"
+    cells = row.split()
+    assert cells[:14] == ["tiny", "Qwen3ForCausalLM", "1.2M", "torch", "cpu", "float32", "192", "4.9", "MB", "4.5",
+                          "KB", "/", "16.0", "KB"]
+    assert cells[15] in ("MB", "GB") and float(cells[14]) > 0 and cells[16] == "hermes_json"  # the real RSS
+    assert err == "backend torch: safetensors dialect hermes_json: template mentions <tool_call>"
     code, out, _ = zllm(capsys, "ps", "--json")
     assert json.loads(out)[0]["kv_cache_bytes"] == 4500
 

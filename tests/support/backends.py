@@ -1,0 +1,59 @@
+"""One fixture, both engine backends: the same tiny random-weight model served on torch and on llama.cpp.
+
+    @pytest.fixture(params=BACKENDS)
+    def loaded(request):
+        return load_tiny("qwen3", request.param)       # a LoadedModel for LocalEngineClient / EngineLoop
+
+On llama.cpp the model is the same weights written as an F32 GGUF (tests/support/tiny_gguf.py) into a model
+directory laid out as the store keeps GGUF models (model.gguf + config + tokenizer), cached per machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_gguf import GGUF_RECIPE_VERSION, tiny_model_dir, tiny_torch_model, write_tiny_gguf
+from tests.support.tiny_models import artifact_cache_dir
+
+BACKENDS = ("torch", pytest.param("llamacpp", marks=pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")))
+
+
+def tiny_gguf_model_dir(spec: str) -> Path:
+    """A GGUF model directory for a tiny spec: its config and tokenizer files beside model.gguf (F32)."""
+    final = artifact_cache_dir() / f"tiny-gguf-dir-{spec}-v{GGUF_RECIPE_VERSION}"
+    if (final / "model.gguf").is_file():
+        return final
+    source = tiny_model_dir(spec)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{spec}-gguf-", dir=final.parent))
+    try:
+        for path in source.iterdir():
+            if path.is_file() and not path.name.endswith(".safetensors"):
+                shutil.copy2(path, work / path.name)
+        model, tokenizer = tiny_torch_model(spec)
+        write_tiny_gguf(model, tokenizer, work / "model.gguf", dtype="f32", name=f"tiny-{spec}")
+        os.replace(work, final)
+    except OSError:
+        if not (final / "model.gguf").is_file():
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def load_tiny(spec: str, backend: str, *, context_length: int = 0, cache_budget_mb: int = 0):
+    """The tiny model `spec` loaded for inference on `backend` (CPU, one thread, float32)."""
+    from zllm.engine.select import load_for_backend
+
+    directory = tiny_gguf_model_dir(spec) if backend == "llamacpp" else tiny_model_dir(spec)
+    loaded = load_for_backend(directory, backend=backend, device="cpu", dtype="float32", threads=1,
+                              context_length=context_length, cache_budget_mb=cache_budget_mb)
+    return replace(loaded, threads=1)
