@@ -256,8 +256,13 @@ class SequencePrefixCache:
         self.flush()
 
     def close(self) -> None:
+        """After the engine thread stopped: finish SSD writes, give every entry's sequence back to the pool."""
         if self.writer is not None:
             self.writer.close()
+        with self._lock:
+            self._release_pending()
+            for entry in list(self.entries_by_id.values()):
+                self._evict(entry)
         if self.store is not None:
             self.store.index.set_meta(self._cost_key, self.cost.to_json())
             self.store.close()

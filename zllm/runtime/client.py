@@ -88,13 +88,14 @@ class LocalEngineClient:
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
                  observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None,
                  speculative: bool = False, scheduler: SchedulerConfig | None = None,
-                 draft_model: DraftModel | None = None):
+                 draft_model: DraftModel | None = None, owns_engine: bool = False):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
         turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
         engine thread (it must only hand off, e.g. TraceHub.publish). `dialect` names the tool dialect
         (None / "auto": chosen from the tokenizer, see dialects/registry.py). `scheduler`: batch size and prefill
         chunking (runtime/scheduler.py). `draft_model`: drafts for speculative decoding (implies `speculative`)."""
         self.loaded = loaded
+        self._owns_engine = owns_engine  # close a backend built at load (llama.cpp) with the client
         self.model_name = model_name
         self.created = created
         self.max_queue = max_queue
@@ -163,6 +164,7 @@ class LocalEngineClient:
             scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
                                       idle_prefill_chunk=settings.prefill_chunk),
             draft_model=draft,
+            owns_engine=True,
         )
 
     @property
@@ -225,7 +227,7 @@ class LocalEngineClient:
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
         self.engine.shutdown(timeout)
-        if self.loaded.engine is not None and not self.engine.alive:
+        if self._owns_engine and self.loaded.engine is not None and not self.engine.alive:
             self.loaded.engine.close()  # llama.cpp's context and weights: only once the engine thread is gone
 
     async def aclose(self, timeout: float | None = 30.0) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tests.support.backends import BACKENDS, load_tiny
 from tests.support.fenced_tools import WEATHER, valid
 from zllm.canonical import (
     ChatRequest,
@@ -126,12 +127,35 @@ class Starts:
 
 
 @pytest.fixture
-def make_client(tiny_qwen, tmp_path):
+def backend() -> str:
+    """The engine backend a test runs on; tests that hold on both say `@pytest.mark.parametrize("backend", BACKENDS)`."""
+    return "torch"
+
+
+@pytest.fixture(scope="module")
+def served_models(tiny_qwen):
+    """The tiny Qwen3 model per backend (the same weights on llama.cpp as an F32 GGUF), loaded once."""
+    models = {"torch": tiny_qwen}
+
+    def get(backend: str):
+        if backend not in models:
+            models[backend] = load_tiny("qwen3", backend, context_length=tiny_qwen.context_length)
+        return models[backend]
+
+    yield get
+    for loaded in models.values():
+        if loaded.engine is not None:
+            loaded.engine.close()
+
+
+@pytest.fixture
+def make_client(served_models, backend, tmp_path):
     clients = []
+    served = served_models(backend)
 
     def make(*, scheduler: SchedulerConfig | None = None, budget: int = 64 << 20, ssd: bool = False,
              prefix_cache: bool = True, observer=None, context_length: int | None = None) -> LocalEngineClient:
-        loaded = tiny_qwen if context_length is None else dataclasses.replace(tiny_qwen, context_length=context_length)
+        loaded = served if context_length is None else dataclasses.replace(served, context_length=context_length)
         config = CacheConfig(device_budget_bytes=budget, ssd_dir=tmp_path / "kv" if ssd else None, ssd_min_tokens=1)
         clients.append(LocalEngineClient(loaded, MODEL, 1, cache_config=config, prefix_cache=prefix_cache,
                                          observer=observer, scheduler=scheduler))
@@ -143,16 +167,34 @@ def make_client(tiny_qwen, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def alone_by_backend(served_models):
+    """Per backend, each request run alone: no prefix cache, default scheduler (no chunking of these prompts)."""
+    outcomes = {}
+
+    def get(backend: str) -> dict[str, Outcome]:
+        if backend not in outcomes:
+            client = LocalEngineClient(dataclasses.replace(served_models(backend), context_length=4096), MODEL, 1,
+                                       prefix_cache=False)
+            try:
+                outcomes[backend] = {request.id: run_alone(client, request) for request in REQUESTS}
+            finally:
+                client.close()
+        return outcomes[backend]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def alone_client(tiny_qwen):
-    """Runs references one request at a time: no prefix cache, default scheduler (no chunking of these prompts)."""
+    """Runs torch references one request at a time: no prefix cache, default scheduler."""
     client = LocalEngineClient(dataclasses.replace(tiny_qwen, context_length=4096), MODEL, 1, prefix_cache=False)
     yield client
     client.close()
 
 
-@pytest.fixture(scope="module")
-def alone(alone_client) -> dict[str, Outcome]:
-    return {request.id: run_alone(alone_client, request) for request in REQUESTS}
+@pytest.fixture
+def alone(alone_by_backend, backend) -> dict[str, Outcome]:
+    return alone_by_backend(backend)
 
 
 def run(coro):
@@ -221,6 +263,7 @@ def prompt_tokens(client: LocalEngineClient, request: ChatRequest) -> int:
 # ------------------------------------------------------------------------------------------- greedy rows
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_greedy_rows_together_equal_each_alone_token_for_token(make_client, alone) -> None:
     client = make_client(prefix_cache=False,
                          scheduler=SchedulerConfig(max_batch=8, prefill_chunk=16, idle_prefill_chunk=24))
@@ -235,6 +278,7 @@ def test_greedy_rows_together_equal_each_alone_token_for_token(make_client, alon
     assert mixed, "some step carried decode tokens and prefill chunks together"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_max_batch_is_honoured_and_waiting_rows_join_as_others_leave(make_client, alone) -> None:
     client = make_client(prefix_cache=False, scheduler=SchedulerConfig(max_batch=2))
     steps = Steps(client, hold=True)
@@ -304,6 +348,7 @@ def sampled(rid: str, seed: int, **extra) -> ChatRequest:
                                **extra)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_client) -> None:
     client = make_client(prefix_cache=False)
     requests = [
@@ -327,7 +372,9 @@ def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_cli
 # ------------------------------------------------------------------------------------------- cancellation
 
 
-def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(make_client, alone, tiny_qwen) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(make_client, alone, tiny_qwen,
+                                                                             backend) -> None:
     client = make_client()
     victim = chat("victim", "Tell me a very long story.", max_tokens=200)
     others = REQUESTS[:3]  # each needs at least 8 more steps after its prefill: all outlive the abort
@@ -357,8 +404,13 @@ def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(mak
     assert aborted.usage.completion_tokens == abort_before - 1  # nothing sampled after the abort
     assert steps.running[abort_before - 1:abort_before + 1] == [4, 3]  # gone from the very next step
     assert len(steps.rows[abort_before]) == 3
-    set_bytes = working_set_bytes(tiny_qwen)
-    assert (in_use["before"], in_use["after"]) == (4 * set_bytes, 3 * set_bytes)  # its buffers went back at once
+    if backend == "torch":  # pooled working sets of one size
+        set_bytes = working_set_bytes(tiny_qwen)
+        assert (in_use["before"], in_use["after"]) == (4 * set_bytes, 3 * set_bytes)  # its buffers went back at once
+    else:  # llama.cpp: the pool tokens it reserved (its prompt and decode growth) went back at once
+        victim_tokens = len(client.renderer.render(victim).token_ids) + 200
+        cache = client.prefix_cache
+        assert in_use["before"] - in_use["after"] == victim_tokens * cache.bytes_per_token
     assert finished == [alone[request.id] for request in others]
     settle(client)
     assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
