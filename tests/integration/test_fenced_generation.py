@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.support.fenced_tools import CASES, TOOLS, TOOLS_BY_NAME, Case, run, valid
+from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, backend_cases, load_case, run, valid
 from zllm.canonical import (
     ChatRequest,
     Finished,
@@ -24,19 +24,20 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.engine.loader import load_model
 from zllm.runtime import LocalEngineClient
 
 SEEDS = int(os.environ.get("ZLLM_FENCE_SEEDS", "100"))
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda case: case.name)
+@pytest.fixture(scope="module", params=backend_cases())
 def engine(request):
-    case: Case = request.param
-    client = LocalEngineClient(load_model(case.model_dir(), device="cpu", dtype="float32", threads=1), "m", 0,
-                               dialect=case.dialect, prefix_cache=False)
+    case, backend = request.param
+    loaded = load_case(case, backend)
+    client = LocalEngineClient(loaded, "m", 0, dialect=case.dialect, prefix_cache=False)
     yield case, client
     client.close()
+    if loaded.engine is not None:
+        loaded.engine.close()
 
 
 async def calls_of(client: LocalEngineClient, choice: ToolChoice, seed: int, *, first_only: bool,

@@ -9,6 +9,8 @@ and the tiny RANDOM-weight model of each dialect (`CASES`) they are called throu
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import json
 from dataclasses import dataclass
@@ -37,10 +39,11 @@ class Case:
     model_dir: object
     dialect: str
     trigger: str  # the text that opens a call in this dialect
+    gguf_spec: str | None = None  # the same model as a tiny GGUF (tests/support/tiny_gguf.py), for llama.cpp runs
 
 
 CASES = [
-    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>"),
+    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>", gguf_spec="qwen3"),
     Case("glm45", tiny_glm_dir, "glm45", "<tool_call>"),
     Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>"),
 ]
@@ -69,3 +72,25 @@ def valid(tool: FunctionTool, arguments: str) -> bool:
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, timeout=120))
+
+
+def backend_cases() -> list:
+    """Every case on torch, and those llama.cpp can run (a tiny GGUF exists) on llamacpp too, as fixture params
+    `(case, backend)`."""
+    from tests.support.backends import BACKENDS
+
+    llamacpp = BACKENDS[1]
+    params = [pytest.param((case, "torch"), id=case.name) for case in CASES]
+    params += [pytest.param((case, "llamacpp"), id=f"{case.name}-llamacpp", marks=llamacpp.marks)
+               for case in CASES if case.gguf_spec]
+    return params
+
+
+def load_case(case: Case, backend: str):
+    """The case's tiny model on `backend` (CPU, float32, one thread)."""
+    from tests.support.backends import load_tiny
+    from zllm.engine.loader import load_model
+
+    if backend == "torch":
+        return load_model(case.model_dir(), device="cpu", dtype="float32", threads=1)
+    return load_tiny(case.gguf_spec, backend)
