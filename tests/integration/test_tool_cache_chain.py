@@ -2,7 +2,7 @@
 Responses chained by previous_response_id; the official SDKs over real HTTP to an in-process engine), where each
 turn's prompt tokens extend the previous turn's prompt + output tokens.
 
-The model is a tiny random-weight one, so its output is scripted (`scripted_output`): each turn it emits the
+The model is a tiny random-weight one, so its output is scripted (`scripted_steps`, at the engine seam): each turn it emits the
 canonical tokens of what the dialect renders for the assistant turn (reasoning, text, calls, end of turn). The
 fence stays on and must allow every scripted token; the parser turns them into API tool calls; the client
 echoes the assistant message back as the SDK returned it; the next prompt must start with prompt + output,
@@ -22,7 +22,8 @@ import pytest
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
 from tests.support.http_server import ThreadedServer
-from tests.support.tiny_models import scripted_output, tiny_qwen_dir
+from tests.support.backends import BACKENDS, load_tiny, scripted_steps
+from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
 from zllm.engine.loader import load_model
@@ -47,21 +48,26 @@ class Case:
     model_dir: object  # callable → Path
     dialect: str
     thinking: bool
+    gguf_spec: str | None = None  # the same tiny model as a GGUF, so the case runs on llama.cpp too
 
 
 CASES = [
-    Case("hermes", tiny_qwen_dir, "hermes", False),
-    Case("qwen3-thinking", tiny_qwen_dir, "qwen3", True),
+    Case("hermes", tiny_qwen_dir, "hermes", False, "qwen3"),
+    Case("qwen3-thinking", tiny_qwen_dir, "qwen3", True, "qwen3"),
     Case("glm45", tiny_glm_dir, "glm45", False),
     Case("deepseek-v3.2-thinking", tiny_deepseek_dir, "deepseek-v3.2", True),
 ]
+PARAMS = [pytest.param((case, "torch"), id=case.name) for case in CASES] + [
+    pytest.param((case, "llamacpp"), id=f"{case.name}-llamacpp", marks=BACKENDS[1].marks)
+    for case in CASES if case.gguf_spec]
 
 
-@pytest.fixture(params=CASES, ids=lambda case: case.name)
+@pytest.fixture(params=PARAMS)
 def served(request, tmp_path):
-    case: Case = request.param
-    loaded = load_model(case.model_dir(), device="cpu", dtype="float32", threads=1)
-    engine = LocalEngineClient(loaded, MODEL, 0, dialect=case.dialect)
+    case, backend = request.param
+    loaded = (load_model(case.model_dir(), device="cpu", dtype="float32", threads=1) if backend == "torch"
+              else load_tiny(case.gguf_spec, backend))
+    engine = LocalEngineClient(loaded, MODEL, 0, dialect=case.dialect, owns_engine=True)
     assert engine.dialect.name == case.dialect
     with ThreadedServer(create_app(engine, responses=ResponseStore(tmp_path / "responses.sqlite3"))) as server:
         yield case, engine, server.url
@@ -217,7 +223,7 @@ def test_each_turn_extends_the_previous_prompt_and_output(served, api_class) -> 
     previous = None
     for reply, follow in replies:
         script = script_for(engine, history, reply, follow, case.thinking)
-        with scripted_output(engine.loaded.model, script):
+        with scripted_steps(engine, script):
             turn = api.turn(history, case.thinking, max_tokens=len(script) + 8)
         assert turn.completion_tokens == len(script), "the fence let every scripted token through"
         got = turn.reply

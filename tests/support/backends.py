@@ -57,3 +57,35 @@ def load_tiny(spec: str, backend: str, *, context_length: int = 0, cache_budget_
     loaded = load_for_backend(directory, backend=backend, device="cpu", dtype="float32", threads=1,
                               context_length=context_length, cache_budget_mb=cache_budget_mb)
     return replace(loaded, threads=1)
+
+
+class scripted_steps:
+    """Context manager: make an engine client emit `token_ids` in order, one per engine step, on any backend.
+
+    The seam-level twin of tiny_models.scripted_output (a forward hook on torch's lm_head): it wraps the
+    client's `engine.step` (engine/contract.py), so the i-th step's logits (one row: requests run one at a
+    time) become a one-hot-like row favouring `token_ids[i]`; after the script the model's own logits pass
+    through. A prefill counts as one step (its prompt must fit one prefill chunk)."""
+
+    def __init__(self, client, token_ids):
+        self.engine = client.engine.engine
+        self.token_ids = list(token_ids)
+        self.calls = 0
+
+    def _step(self, rows):
+        outputs = self._original(rows)
+        if self.calls >= len(self.token_ids):
+            return outputs
+        assert len(rows) == 1, "a scripted request runs alone"
+        forced = outputs[0].new_full(outputs[0].shape, -1e4)
+        forced[..., self.token_ids[self.calls]] = 1e4
+        self.calls += 1
+        return [forced]
+
+    def __enter__(self):
+        self._original = self.engine.step
+        self.engine.step = self._step
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.step = self._original
