@@ -25,10 +25,9 @@ import threading
 from contextlib import nullcontext
 
 import pytest
-import torch
 
-from tests.support.fenced_tools import CASES, TOOLS, TOOLS_BY_NAME, Case, run, valid
-from tests.support.speculation import ModelHooks, force_rows
+from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, Case, backend_cases, load_case, run, valid
+from tests.support.speculation import force_rows
 from zllm.canonical import (
     ChatRequest,
     Event,
@@ -41,7 +40,6 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.engine.loader import load_model
 from zllm.runtime import LocalEngineClient
 from zllm.runtime.report import RequestReport
 from zllm.runtime.speculative import SpeculationConfig
@@ -65,14 +63,36 @@ FENCES = {"required": (TOOLS, ToolChoice("required")), "auto": (TOOLS, ToolChoic
           "unfenced": ((), ToolChoice("auto"))}
 
 
+class StepTap:
+    """Wraps the client's engine step (engine/contract.py), on either backend: `before(rows)` may see the rows
+    before they run, `after(rows, outputs)` may replace their logits. The seam's view is the same whatever
+    computes the logits, so these tests hold torch and llama.cpp to one standard."""
+
+    def __init__(self, client: LocalEngineClient):
+        self.engine = client.engine.engine
+        self.listeners: list = []
+        self._original = self.engine.step
+        self.engine.step = self._step
+
+    def _step(self, rows):
+        lengths = [self.engine.length(row.seq) for row in rows]  # tokens each row held before this step
+        outputs = self._original(rows)
+        for listener in list(self.listeners):
+            outputs = listener(rows, lengths, outputs)
+        return outputs
+
+    def remove(self) -> None:
+        self.engine.step = self._original
+
+
 class DraftCounter:
     """What speculation did, seen from outside the engine, for requests run one at a time: the logits rows each
-    forward kept (a hook on the model's output layer) and each request's completion tokens (the client's
-    observer), both on the engine thread.
+    step kept (at the engine seam) and each request's completion tokens (the client's observer), both on the
+    engine thread.
 
-    Between a request's "started" report (its prompt is prefilled) and its "finished" one, every forward is a
-    decode forward: it kept the logits after its sampled token and after each of its k draft tokens. A request
-    that emitted more tokens than its decode forwards + 1 (the last token needs no forward) got the rest from
+    Between a request's "started" report (its prompt is prefilled) and its "finished" one, every step is a
+    decode step: it kept the logits after its sampled token and after each of its k draft tokens. A request
+    that emitted more tokens than its decode steps + 1 (the last token needs no step) got the rest from
     accepted drafts, so `accepted_at_least` is a lower bound on them."""
 
     def __init__(self) -> None:
@@ -83,10 +103,12 @@ class DraftCounter:
     def reset(self) -> None:
         self.requests = self.decode_forwards = self.drafted = self.completion_tokens = 0
 
-    def after_output_layer(self, module, inputs, logits) -> None:  # logits: [1, rows kept, vocab]
+    def after_step(self, rows, lengths, outputs):
         if self._decoding:
-            self.decode_forwards += 1
-            self.drafted += logits.shape[1] - 1
+            for row in rows:
+                self.decode_forwards += 1
+                self.drafted += (len(row.token_ids) if row.all_logits else 1) - 1
+        return outputs
 
     def observe(self, report: RequestReport) -> None:
         self._decoding = report.phase == "started"
@@ -106,56 +128,50 @@ class DraftCounter:
         return self.completion_tokens - self.decode_forwards - self.requests
 
 
-class forced_opening(ModelHooks):
-    """Context manager: make the model's output open with `token_ids`, whatever its weights; its own logits
-    pass through after them. Keyed by the position each kept logits row decides, not by forward count, so a
-    k-token verify forward forces what k decode steps would."""
+class forced_opening:
+    """Context manager: make the output open with `token_ids`, whatever the model's weights; its own logits pass
+    through after them. Keyed by the position each kept logits row decides, not by step count, so a k-token
+    verify step forces what k decode steps would."""
 
-    def __init__(self, model, prompt_length: int, token_ids: list[int]):
-        self.model, self.prompt_length, self.token_ids = model, prompt_length, token_ids
-        self._kept_positions: list[int] = []
+    def __init__(self, tap: StepTap, prompt_length: int, token_ids: list[int]):
+        self.tap, self.prompt_length, self.token_ids = tap, prompt_length, token_ids
 
-    def _hooks(self) -> tuple:
-        return (self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-                self.model.get_output_embeddings().register_forward_hook(self._force))
+    def _force(self, rows, lengths, outputs):
+        forced = []
+        for row, held, logits in zip(rows, lengths, outputs):
+            n = len(row.token_ids)
+            positions = range(held, held + n) if row.all_logits else [held + n - 1]
+            rows_logits = logits if row.all_logits else logits[None]  # [kept, vocab]
+            targets = [(k, self.token_ids[index]) for k, position in enumerate(positions)
+                       if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)]
+            if targets:
+                rows_logits = force_rows(rows_logits[None], targets)[0]
+            forced.append(rows_logits if row.all_logits else rows_logits[0])
+        return forced
 
-    def _before_forward(self, module, args, kwargs) -> None:
-        self._kept_positions = kept_positions(kwargs)
+    def __enter__(self):
+        self.tap.listeners.append(self._force)
+        return self
 
-    def _force(self, module, inputs, logits):  # logits: [1, rows kept, vocab]
-        # the row after `position` decides output token `position + 1 - prompt_length`
-        return force_rows(logits, [(row, self.token_ids[index]) for row, position in enumerate(self._kept_positions)
-                                   if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)])
-
-
-def kept_positions(forward_kwargs: dict) -> list[int]:
-    """The sequence positions whose logits a model forward keeps: positions are explicit in a packed forward
-    (engine/packed.py), else they continue from the cache's length; `logits_to_keep` is a count from the end or
-    the indices kept."""
-    fed = forward_kwargs["input_ids"].shape[1]
-    if (position_ids := forward_kwargs.get("position_ids")) is not None:
-        positions = position_ids[0].tolist()
-    else:
-        start = forward_kwargs["cache"].get_seq_length()
-        positions = list(range(start, start + fed))
-    keep = forward_kwargs.get("logits_to_keep", 0)
-    if isinstance(keep, torch.Tensor):
-        return [positions[index] for index in keep.tolist()]
-    return positions[-keep:] if keep else positions
+    def __exit__(self, *exc):
+        self.tap.listeners.remove(self._force)
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda case: case.name)
+@pytest.fixture(scope="module", params=backend_cases())
 def engine(request):
-    case: Case = request.param
+    case, backend = request.param
     counter = DraftCounter()
-    loaded = load_model(case.model_dir(), device="cpu", dtype="float32", threads=1)
+    loaded = load_case(case, backend)
     client = LocalEngineClient(loaded, "m", 0, dialect=case.dialect, prefix_cache=False, speculative=True,
                                observer=counter.observe)
     client.speculation = AGGRESSIVE
-    hook = loaded.model.get_output_embeddings().register_forward_hook(counter.after_output_layer)
+    client.tap = StepTap(client)
+    client.tap.listeners.append(counter.after_step)
     yield case, client, counter
-    hook.remove()
+    client.tap.remove()
     client.close()
+    if loaded.engine is not None:
+        loaded.engine.close()
 
 
 def tool_request(prompt: str, choice: ToolChoice, sampling: SamplingParams, tools=TOOLS) -> ChatRequest:
@@ -188,7 +204,7 @@ def generate(engine, request: ChatRequest, *, opening: str | None = None, until_
 
 def opened(client: LocalEngineClient, request: ChatRequest, opening: str) -> forced_opening:
     token_ids = client.loaded.tokenizer.encode(opening, add_special_tokens=False)
-    return forced_opening(client.loaded.model, run(client.count_tokens(request)), token_ids)
+    return forced_opening(client.tap, run(client.count_tokens(request)), token_ids)
 
 
 def completed_calls(events: list[Event]) -> list[tuple[str, str]]:
