@@ -26,6 +26,10 @@ import openai
 import pytest
 
 from tests.integration.conftest import TINY, linked_data_dir
+from tests.support.backends import BACKENDS, tiny_gguf_model_dir
+from tests.support.tiny_gguf import GGUF_RECIPE_VERSION
+from tests.support.tiny_models import artifact_cache_dir
+from zllm.models import ModelStore
 from tests.support.daemon import Daemon
 
 SEED = 20240607
@@ -264,10 +268,25 @@ def settled_cache_stats(daemon: Daemon) -> dict:
     return latest
 
 
-@pytest.fixture(scope="module")
-def load_daemon(tiny_data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    data_dir = linked_data_dir(tiny_data_dir, tmp_path_factory.mktemp("zllm-load"))  # one daemon per data dir
-    daemon = Daemon(data_dir, TINY, "--context-length", str(CONTEXT)).wait_ready()
+def tiny_gguf_data_dir() -> Path:
+    """A store holding the tiny model's GGUF, pulled as a user pulls a GGUF file (once per machine: the pull reads
+    the 151K-token vocabulary out of the GGUF, about a minute)."""
+    data_dir = artifact_cache_dir() / f"tiny-gguf-store-v{GGUF_RECIPE_VERSION}"
+    store = ModelStore(data_dir / "models")
+    if not store.has(TINY):
+        store.pull(str(tiny_gguf_model_dir("qwen3") / "model.gguf"), name=TINY)
+    return data_dir
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def load_daemon(request, tiny_data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny model served by a real daemon, on torch (safetensors) and on llama.cpp (the same weights pulled
+    as a GGUF model directory)."""
+    if request.param == "torch":
+        data_dir = linked_data_dir(tiny_data_dir, tmp_path_factory.mktemp("zllm-load"))  # one daemon per data dir
+    else:
+        data_dir = linked_data_dir(tiny_gguf_data_dir(), tmp_path_factory.mktemp("zllm-load-gguf"))
+    daemon = Daemon(data_dir, TINY, "--context-length", str(CONTEXT), "--backend", request.param).wait_ready()
     yield daemon
     daemon.stop()
 
