@@ -71,3 +71,26 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     module.write_text("import torch.nn\nfrom zllm.engine.runner import x\n")
     names = imported_names(module)
     assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.runner" in names
+
+
+# the engine seam: each engine library is imported only by its backend, and the seam itself imports none
+ENGINE_LIBRARIES = {"llama_cpp": "engine/llamacpp"}
+LIBRARY_FREE = {"engine/contract.py": {"torch", "transformers", "llama_cpp"},
+                "engine/select.py": {"llama_cpp"},
+                # the cache over engine-held sequences handles opaque state bytes, never tensors
+                "kvcache/sequence_cache.py": {"torch", "llama_cpp"},
+                "kvcache/sequence_snapshots.py": {"torch", "llama_cpp"}}
+
+
+@pytest.mark.parametrize("library", sorted(ENGINE_LIBRARIES))
+def test_an_engine_library_is_imported_only_by_its_backend(library: str) -> None:
+    home = ROOT / ENGINE_LIBRARIES[library]
+    bad = [str(path.relative_to(ROOT.parent)) for path in sorted(ROOT.rglob("*.py"))
+           if home not in path.parents and any(violates(name, {library}) for name in imported_names(path))]
+    assert not bad, f"{library} imported outside {ENGINE_LIBRARIES[library]}: {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(LIBRARY_FREE))
+def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -> None:
+    bad = [name for name in imported_names(ROOT / module) if violates(name, LIBRARY_FREE[module])]
+    assert not bad, f"zllm/{module} imports {bad}"
