@@ -27,10 +27,10 @@ import pytest
 
 from tests.integration.conftest import TINY, linked_data_dir
 from tests.support.backends import BACKENDS, tiny_gguf_model_dir
+from tests.support.daemon import Daemon
 from tests.support.tiny_gguf import GGUF_RECIPE_VERSION
 from tests.support.tiny_models import artifact_cache_dir
 from zllm.models import ModelStore
-from tests.support.daemon import Daemon
 
 SEED = 20240607
 CLIENTS = 32

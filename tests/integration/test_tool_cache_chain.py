@@ -19,10 +19,10 @@ import anthropic
 import openai
 import pytest
 
+from tests.support.backends import BACKENDS, load_tiny, scripted_steps
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
 from tests.support.http_server import ThreadedServer
-from tests.support.backends import BACKENDS, load_tiny, scripted_steps
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall

@@ -9,11 +9,11 @@ and the tiny RANDOM-weight model of each dialect (`CASES`) they are called throu
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
 import json
 from dataclasses import dataclass
+
+import pytest
 
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir

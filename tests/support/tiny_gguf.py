@@ -1,6 +1,6 @@
 """Tiny random-weight test models as GGUF files, for llama.cpp (llama-cpp-python) backend tests.
 
-    from tests.support.tiny_gguf import write_tiny_gguf, tiny_model_dir, tiny_gguf_path  # fixture
+    from tests.support.tiny_gguf import write_tiny_gguf, tiny_model_dir   # the `tiny_gguf_path` fixture: tests/conftest.py
 
     path = write_tiny_gguf(model, tokenizer, tmp / "m.gguf", dtype="f32")   # any supported HF model
     # in a test (import the fixture into the test module or a conftest):
@@ -62,11 +62,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from tests.support.tiny_models import (
     INIT_RANGE,
-    QWEN25_CHAT_TEMPLATE,
     QWEN_FIRST_ADDED_ID,
     QWEN_PRETOKENIZE_REGEX,
     QWEN_VOCAB_SIZE,
@@ -500,14 +497,3 @@ def tiny_gguf_file(spec: str, directory: Path, *, dtype: str = "f32") -> Path:
         model, tokenizer = tiny_torch_model(spec)
         write_tiny_gguf(model, tokenizer, path, dtype=dtype, name=f"tiny-{spec}")
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf_path(tmp_path_factory):
-    """Factory: `tiny_gguf_path(spec, dtype="f32") -> Path`, each file written once per session."""
-    directory = tmp_path_factory.mktemp("tiny-gguf")
-
-    def get(spec: str, dtype: str = "f32") -> Path:
-        return tiny_gguf_file(spec, directory, dtype=dtype)
-
-    return get

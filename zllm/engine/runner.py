@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from zllm.engine.contract import KeptState, Row
-from zllm.engine.kv_layers import cache_buffers, cache_state, croppable, crop_to, working_cache
+from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
 from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
 
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and

@@ -20,10 +20,10 @@ from zllm.canonical import ChatRequest, Event, Finished, ModelCard
 from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
-from zllm.engine.loader import LoadedModel, load_model
-from zllm.engine.select import load_for_backend
+from zllm.engine.loader import LoadedModel
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import SamplingConfig
+from zllm.engine.select import load_for_backend
 from zllm.errors import ConfigError, ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig, PrefixCache

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from zllm.engine.kv_layers import croppable
 from zllm.engine.contract import Engine, Row
+from zllm.engine.kv_layers import croppable
 from zllm.engine.sampler import Sampler
 from zllm.engine.verify import greedy_accepts, sample_from, sampled_accepts
 from zllm.runtime.fence import Fence, sample_fenced

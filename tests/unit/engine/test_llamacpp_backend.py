@@ -15,7 +15,6 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
-from tests.support.tiny_gguf import tiny_gguf_path  # noqa: E402,F401  (fixture)
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 

@@ -17,7 +17,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import torch  # noqa: E402
 
 from tests.support import tiny_gguf  # noqa: E402
-from tests.support.tiny_gguf import tiny_gguf_path, write_tiny_gguf  # noqa: E402, F401
+from tests.support.tiny_gguf import write_tiny_gguf  # noqa: E402
 
 GGML_TYPE_F32 = 0
 N_CTX = 256

@@ -5,11 +5,9 @@ budget holds. Logits are compared as in tests/unit/engine/test_llamacpp_backend.
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("llama_cpp")
 
-from tests.support.tiny_gguf import tiny_gguf_path  # noqa: E402,F401  (fixture)
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
