@@ -136,9 +136,16 @@ class PrefixCache:
     def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether one more request's working buffers fit the device budget beside those in use (cached entries
         are evictable, working sets of running requests are not). The engine admits only what fits."""
-        capacity = prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens)
+        return self.admission_need(prompt_tokens, max_new_tokens) <= self.admission_room()
+
+    def admission_need(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Bytes of working buffers a request would hold while it runs (the scheduler's unit of room)."""
+        return self.pool.bytes_for(prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens))
+
+    def admission_room(self) -> int:
+        """Bytes of the device budget not held by running requests' working buffers."""
         with self._lock:
-            return self.pool.in_use_bytes() + self.pool.bytes_for(capacity) <= self.device_tier.budget_bytes
+            return self.device_tier.budget_bytes - self.pool.in_use_bytes()
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""

@@ -147,9 +147,16 @@ class SequencePrefixCache:
 
     def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether one more request fits beside the running ones (entries are evictable, rows are not)."""
-        need = prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens)
+        return self.admission_need(prompt_tokens, max_new_tokens) <= self.admission_room()
+
+    def admission_need(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Pool cells a request reserves while it runs (the scheduler's unit of room)."""
+        return prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens)
+
+    def admission_room(self) -> int:
+        """Pool cells not reserved by running requests (kept entries are evicted to make room)."""
         with self._lock:
-            return self.reserved + need <= self.cells and self.engine.free_sequences > 1
+            return self.cells - self.reserved
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         self.cost.observe_prefill(tokens, seconds)

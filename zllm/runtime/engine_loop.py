@@ -48,7 +48,7 @@ from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.report import RequestReport
-from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, prefill_shares
+from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, WaitingRequest, plan_admission, plan_prefill
 from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
@@ -167,25 +167,19 @@ class EngineLoop:
         return not (self._stopping and not self._rows and not len(self._line))
 
     def _admit_waiting(self) -> None:
-        """Start waiting requests, oldest first, while rows are free and their buffers fit (scheduler.py)."""
-        for request in self._line.candidates():  # hung up while waiting: end now, even behind a full batch
-            if request.aborted.is_set():
-                self._line.remove(request)
-                self._finish(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
-        for request in self._line.candidates():
-            if len(self._rows) >= self.scheduler.max_batch:
-                return
-            if self._rows and not self._fits(request):
-                if self._line.waited(request) >= self.scheduler.fair_wait_s:
-                    return  # waited long enough: nobody passes it, the running rows drain and make room
-                continue
+        """Carry out the scheduler's admission (scheduler.plan_admission) over the waiting line."""
+        cache = self.prefix_cache
+        waiting = [WaitingRequest(request, self._line.waited(request), request.aborted.is_set(),
+                                  cache.admission_need(len(request.prompt_ids), request.max_tokens) if cache else 0)
+                   for request in self._line.candidates()]
+        admission = plan_admission(self.scheduler, waiting, running=len(self._rows),
+                                   room=cache.admission_room() if cache is not None else None)
+        for request in admission.drop:
+            self._line.remove(request)
+            self._finish(request, Finished(FinishReason.ABORT, Usage(len(request.prompt_ids), 0, 0)))
+        for request in admission.start:
             self._line.remove(request)
             self._start(request)
-
-    def _fits(self, request: EngineRequest) -> bool:
-        if self.prefix_cache is None:
-            return True
-        return self.prefix_cache.has_room_for(len(request.prompt_ids), request.max_tokens)
 
     def _start(self, request: EngineRequest) -> None:
         """Make `request` a row: look its prompt up in the prefix cache (restoring a device or SSD prefix into
@@ -230,9 +224,8 @@ class EngineLoop:
                     self._end(active, outcome)
                 elif outcome is not None:
                     work.append((active, outcome))
-        alone = not work and len(prefilling) == 1
-        budget = self.scheduler.idle_prefill_chunk if alone else self.scheduler.prefill_chunk
-        for active, tokens in prefill_shares([(a, self._prompt_left(a)) for a in prefilling], budget):
+        shares = plan_prefill(self.scheduler, [(a, self._prompt_left(a)) for a in prefilling], decoding=len(work))
+        for active, tokens in shares:
             work.append((active, self._prefill_work(active, tokens)))
         if work:
             self._forward(work)

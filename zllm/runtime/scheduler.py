@@ -1,4 +1,11 @@
-"""Who runs next: admission of waiting requests and the split of each step's prefill budget.
+"""Who runs next: admission of waiting requests and the split of each step's prefill budget — a pure policy.
+
+    admission = plan_admission(config, waiting, running=len(rows), room=cache room)   # which start, which end
+    prefill = plan_prefill(config, prefilling, decoding=rows feeding a token)         # who prefills how much
+
+The engine loop (engine_loop.py) gathers the facts (what waits and for how long, what each request needs of
+the cache and how much room it has), asks these functions, and carries the answer out. Nothing here touches a
+model, a cache or a clock, so every rule below is a unit test (tests/unit/runtime/test_scheduler.py).
 
 Every engine step is one forward over the rows' tokens (engine/packed.py): one token per decoding row (or a
 speculative draft), plus prefill chunks of rows whose prompt is not in their cache yet. The policy:
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 Row = TypeVar("Row")
+Request = TypeVar("Request")
 
 
 @dataclass(frozen=True)
@@ -86,3 +94,52 @@ def prefill_shares(needs: Sequence[tuple[Row, int]], budget: int) -> list[tuple[
             shares.append((row, take))
             budget -= take
     return shares
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    """What the policy knows of a request that waits: how long it has, whether its client hung up, and what
+    it needs of the cache's room (in the cache's own unit: bytes of working buffers, or KV cells)."""
+
+    request: object
+    waited_s: float
+    aborted: bool = False
+    need: int = 0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Waiting requests to end without running (their client hung up), and those to start, in order."""
+
+    drop: tuple = ()
+    start: tuple = ()
+
+
+def plan_admission(config: SchedulerConfig, waiting: Sequence[WaitingRequest], *, running: int,
+                   room: int | None) -> Admission:
+    """Oldest first, while rows are free: a request starts when its need fits the room left (`room` None: the
+    cache is off, everything fits) or nothing else runs; one that does not fit may be passed by later ones that
+    do, until it has waited `fair_wait_s` — then nobody passes it. A hung-up request ends at once, even behind a
+    full batch."""
+    drop = tuple(w.request for w in waiting if w.aborted)
+    start: list = []
+    for candidate in (w for w in waiting if not w.aborted):
+        if running + len(start) >= config.max_batch:
+            break
+        fits = room is None or candidate.need <= room
+        if (running or start) and not fits:
+            if candidate.waited_s >= config.fair_wait_s:
+                break  # waited long enough: nobody passes it, the running rows drain and make room
+            continue
+        start.append(candidate.request)
+        if room is not None:
+            room -= candidate.need
+    return Admission(drop, tuple(start))
+
+
+def plan_prefill(config: SchedulerConfig, prefilling: Sequence[tuple[Row, int]], *, decoding: int
+                 ) -> list[tuple[Row, int]]:
+    """This step's prefill shares (`prefilling`: row, prompt tokens it still lacks) beside `decoding` rows that
+    feed a token: a row prefilling alone takes `idle_prefill_chunk`, otherwise the rows share `prefill_chunk`."""
+    alone = not decoding and len(prefilling) == 1
+    return prefill_shares(prefilling, config.idle_prefill_chunk if alone else config.prefill_chunk)

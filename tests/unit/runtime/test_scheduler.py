@@ -104,3 +104,49 @@ def test_config_rejects_settings_that_cannot_schedule() -> None:
     for bad in ({"max_batch": 0}, {"prefill_chunk": 0}, {"idle_prefill_chunk": 0}, {"fair_wait_s": -1}):
         with pytest.raises(AssertionError):
             SchedulerConfig(**bad)
+
+
+# ------------------------------------------------------------------------------------------- the step's plan
+
+from zllm.runtime.scheduler import WaitingRequest, plan_admission, plan_prefill  # noqa: E402
+
+
+def waiting(*specs) -> list[WaitingRequest]:
+    """(name, need, waited_s) per request, oldest first."""
+    return [WaitingRequest(name, waited_s, need=need) for name, need, waited_s in specs]
+
+
+def test_admission_is_oldest_first_up_to_max_batch() -> None:
+    config = SchedulerConfig(max_batch=3)
+    plan = plan_admission(config, waiting(("a", 1, 0.0), ("b", 1, 0.0), ("c", 1, 0.0)), running=1, room=10)
+    assert plan.start == ("a", "b") and plan.drop == ()
+
+
+def test_a_request_that_does_not_fit_is_passed_until_its_fair_wait_ends() -> None:
+    config = SchedulerConfig(max_batch=8, fair_wait_s=5.0)
+    line = waiting(("big", 8, 1.0), ("small", 2, 0.5))
+    assert plan_admission(config, line, running=1, room=4).start == ("small",)  # passed: it waited 1 s of 5
+    line = waiting(("big", 8, 6.0), ("small", 2, 0.5))
+    assert plan_admission(config, line, running=1, room=4).start == ()  # nobody passes it now
+
+
+def test_a_lone_request_always_runs_and_room_is_spent_as_requests_start() -> None:
+    config = SchedulerConfig(max_batch=8)
+    assert plan_admission(config, waiting(("huge", 100, 0.0)), running=0, room=4).start == ("huge",)
+    plan = plan_admission(config, waiting(("a", 3, 0.0), ("b", 3, 0.0), ("c", 1, 0.0)), running=1, room=4)
+    assert plan.start == ("a", "c")  # b no longer fits once a holds 3 of the 4
+
+
+def test_hung_up_requests_end_even_behind_a_full_batch_and_a_cache_off_admits_by_count() -> None:
+    config = SchedulerConfig(max_batch=2)
+    line = [WaitingRequest("gone", 9.0, aborted=True), WaitingRequest("next", 0.0)]
+    plan = plan_admission(config, line, running=2, room=0)
+    assert (plan.drop, plan.start) == (("gone",), ())
+    assert plan_admission(config, line, running=0, room=None).start == ("next",)
+
+
+def test_prefill_takes_the_idle_chunk_alone_and_shares_the_chunk_beside_decoding_rows() -> None:
+    config = SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=24)
+    assert plan_prefill(config, [("long", 100)], decoding=0) == [("long", 24)]
+    assert plan_prefill(config, [("long", 100)], decoding=2) == [("long", 16)]
+    assert plan_prefill(config, [("a", 100), ("b", 5)], decoding=0) == [("b", 5), ("a", 11)]
