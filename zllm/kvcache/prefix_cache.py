@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -72,6 +73,10 @@ class Lease:
     hint: str | None = None
     restore_s: float = 0.0
     near_miss: NearMiss | None = None
+    # acquired with defer=True: an SSD read still to run (read_ssd on any thread, then complete_ssd), and the
+    # near-miss diagnosis still to make (any thread); both None once done or when there is nothing to do
+    pending: SsdMatch | None = None
+    diagnose: Callable[[], None] | None = field(default=None, repr=False)
     done: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,9 +104,13 @@ class PrefixCache:
 
     def acquire(self, namespace: str, prompt: Sequence[int], *, hint: str | None = None,
                 max_new_tokens: int = 1, describe_position: Callable[[int], str] | None = None,
-                request_id: str = "") -> Lease:
+                request_id: str = "", defer: bool = False) -> Lease:
         """`describe_position(token_index) -> str` names the prompt segment a token is in; called only when
-        this request is recorded as a near miss (near_miss.py), outside the cache lock."""
+        this request is recorded as a near miss (near_miss.py), outside the cache lock.
+
+        `defer`: do only what memory can answer here; an SSD read that pays is left in `lease.pending` (the
+        caller runs `read_ssd` off the engine thread, then `complete_ssd`), the near-miss diagnosis in
+        `lease.diagnose` (any thread)."""
         prompt = tuple(prompt)
         assert prompt, "a request has at least one prompt token"
         limit = len(prompt) - 1
@@ -118,8 +127,12 @@ class PrefixCache:
         lease = Lease(namespace, prompt, working, match.length, tier, locked, lineage,
                       round=lineage.round + 1 if lineage else 1, hint=hint)
         try:
-            diverged = self._try_ssd(lease, limit)
-            self._note_near_miss(lease, found, diverged, describe_position, request_id)
+            lease.pending, diverged = self._plan_ssd(lease, limit)
+            lease.diagnose = partial(self._note_near_miss, lease, found, diverged, describe_position, request_id)
+            if not defer:
+                if lease.pending is not None:
+                    self.complete_ssd(lease, self._outcome(self.read_ssd, lease))
+                self.diagnose(lease)
         except BaseException:  # the caller never sees this lease: give its lock and buffers back now
             self.release(lease)
             raise
@@ -132,6 +145,50 @@ class PrefixCache:
                 if lineage is not None:
                     self.device_tier.touch(lineage)
         return lease
+
+    def read_ssd(self, lease: Lease) -> int:
+        """The disk part of a deferred SSD restore (any thread: it fills only this lease's working buffers);
+        returns the bytes read. Raises SnapshotInvalid (the snapshot quarantined) when a blob is bad."""
+        match = lease.pending
+        assert match is not None, "nothing to read"
+        started = time.perf_counter()
+        nbytes = self.store.restore(match, lease.working, self.pool, skip=lease.cached_tokens)
+        lease.restore_s = time.perf_counter() - started
+        return nbytes
+
+    def complete_ssd(self, lease: Lease, outcome: int | BaseException) -> None:
+        """Engine thread, after `read_ssd` returned `outcome` (bytes read) or raised it: the lease now starts
+        from the restored prefix, or from what the device tier gave when the snapshot was rejected."""
+        match, lease.pending = lease.pending, None
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, SnapshotInvalid):
+                raise outcome
+            with self._lock:
+                self.counters["ssd_rejected"] += 1
+            log.warning("kv cache: SSD snapshot rejected, prefilling instead: %s", outcome)
+            return
+        self.cost.observe_restore(outcome, lease.restore_s)
+        gain = match.length - lease.cached_tokens
+        lease.cached_tokens, lease.tier = match.length, "ssd-hint" if match.hinted else "ssd"
+        if lease.lineage is None and match.length >= match.row.prompt_len:
+            lease.round = match.row.round + 1
+        with self._lock:
+            self.counters["ssd_hits"] += 1
+            self.counters["cached_tokens"] += gain
+
+    @staticmethod
+    def diagnose(lease) -> None:
+        """Record the lease's near miss, if it is one (any thread: it may render the prompt's segments)."""
+        diagnose, lease.diagnose = lease.diagnose, None
+        if diagnose is not None:
+            diagnose()
+
+    @staticmethod
+    def _outcome(read: Callable, lease) -> object:
+        try:
+            return read(lease)
+        except SnapshotInvalid as exc:
+            return exc
 
     def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether one more request's working buffers fit the device budget beside those in use (cached entries
@@ -246,36 +303,21 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ internals
 
-    def _try_ssd(self, lease: Lease, limit: int) -> SsdMatch | None:
-        """Upgrade the lease with a longer SSD prefix when reading it pays; returns the best diverging snapshot."""
+    def _plan_ssd(self, lease: Lease, limit: int) -> tuple[SsdMatch | None, SsdMatch | None]:
+        """(the SSD prefix worth reading instead of recomputing, if any; the best diverging snapshot, for the
+        near-miss log). Memory only: the index is mirrored in RAM."""
         if self.store is None or lease.cached_tokens >= limit:
-            return None
+            return None, None
         match, diverged = self.store.lookup(lease.namespace, lease.prompt, lease.hint)
         if match is None or min(match.length, limit) <= lease.cached_tokens:
-            return diverged
+            return None, diverged
         length = min(match.length, limit)
         gain = length - lease.cached_tokens
         if not self.cost.restore_pays(gain, gain * self.layout.bytes_per_token):
             with self._lock:
                 self.counters["ssd_not_worth_it"] += 1
-            return diverged
-        started = time.perf_counter()
-        try:
-            nbytes = self.store.restore(SsdMatch(match.row, length, match.hinted), lease.working, self.pool,
-                                        skip=lease.cached_tokens)
-        except SnapshotInvalid as exc:
-            with self._lock:
-                self.counters["ssd_rejected"] += 1
-            log.warning("kv cache: SSD snapshot rejected, prefilling instead: %s", exc)
-            return diverged
-        lease.restore_s = time.perf_counter() - started
-        self.cost.observe_restore(nbytes, lease.restore_s)
-        lease.cached_tokens, lease.tier = length, "ssd-hint" if match.hinted else "ssd"
-        if lease.lineage is None and length >= match.row.prompt_len:
-            lease.round = match.row.round + 1
-        with self._lock:
-            self.counters["ssd_hits"] += 1
-        return diverged
+            return None, diverged
+        return SsdMatch(match.row, length, match.hinted), diverged
 
     def _note_near_miss(self, lease: Lease, found: DeviceLookup, diverged: SsdMatch | None,
                         describe: Callable[[int], str] | None, request_id: str) -> None:

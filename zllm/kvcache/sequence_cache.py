@@ -27,12 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from zllm.kvcache.cost import CostModel
 from zllm.kvcache.near_miss import NearMiss, NearMissLog
 from zllm.kvcache.prefix_cache import CacheConfig
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
+from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.state import common_prefix_length
 from zllm.kvcache.writer import SnapshotWriter
@@ -90,6 +91,10 @@ class SequenceLease:
     hint: str | None = None
     restore_s: float = 0.0
     near_miss: NearMiss | None = None
+    # acquired with defer=True: the SSD snapshot still to read (read_ssd, any thread; then complete_ssd on the
+    # engine thread) and the near-miss diagnosis still to make (any thread)
+    pending: SequenceMatch | None = None
+    diagnose: Callable[[], None] | None = field(default=None, repr=False)
     done: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,7 +127,10 @@ class SequencePrefixCache:
     # ------------------------------------------------------------------ request lifecycle (engine thread)
 
     def acquire(self, namespace: str, prompt: Sequence[int], *, hint: str | None = None, max_new_tokens: int = 1,
-                describe_position: Callable[[int], str] | None = None, request_id: str = "") -> SequenceLease:
+                describe_position: Callable[[int], str] | None = None, request_id: str = "",
+                defer: bool = False) -> SequenceLease:
+        """`defer`: as PrefixCache.acquire — an SSD read that pays is left in `lease.pending`, the near-miss
+        diagnosis in `lease.diagnose`, for the caller to run off the engine thread."""
         prompt = tuple(prompt)
         limit = len(prompt) - 1
         reserve = len(prompt) + min(max_new_tokens, self.config.decode_reserve_tokens)
@@ -132,11 +140,16 @@ class SequencePrefixCache:
             self.reserved += reserve
         try:
             lease = self._open(namespace, prompt, hint, reserve, entry, min(shared, limit), hinted)
-            self._note_near_miss(lease, entry, shared, describe_position, request_id)
         except BaseException:
             with self._lock:
                 self.reserved -= reserve
             raise
+        lease.pending = self._plan_ssd(lease, limit)
+        lease.diagnose = partial(self._note_near_miss, lease, entry, shared, describe_position, request_id)
+        if not defer:
+            if lease.pending is not None:
+                self.complete_ssd(lease, self._outcome(lease))
+            self.diagnose(lease)
         with self._lock:
             self.counters["requests"] += 1
             self.counters["prompt_tokens"] += len(prompt)
@@ -144,6 +157,57 @@ class SequencePrefixCache:
             if lease.tier.startswith("device"):
                 self.counters["device_hits"] += 1
         return lease
+
+    def read_ssd(self, lease: SequenceLease) -> bytes:
+        """The disk part of a deferred restore (any thread): the snapshot's state bytes, verified. Raises
+        SnapshotInvalid (the snapshot quarantined) when the blob is damaged."""
+        started = time.perf_counter()
+        state = self.store.read(lease.pending.row)
+        lease.restore_s = time.perf_counter() - started
+        return state
+
+    def complete_ssd(self, lease: SequenceLease, outcome: bytes | BaseException) -> None:
+        """Engine thread: load the read state into a new sequence, cropped to the shared prefix, in place of
+        what the device tier gave; or keep that when the snapshot was rejected (damaged, or refused by the
+        engine)."""
+        match, lease.pending = lease.pending, None
+        if not isinstance(outcome, BaseException):
+            started = time.perf_counter()
+            try:
+                seq = self.engine.import_state(outcome, match.row.length)
+            except Exception as exc:  # state the engine refuses: set aside like a damaged blob
+                self.store.quarantine(match.row)
+                outcome = exc
+            else:
+                self.engine.crop(seq, match.length)
+                self.engine.release(lease.sequence)
+                lease.restore_s += time.perf_counter() - started
+                self.cost.observe_restore(match.row.nbytes, lease.restore_s)
+                gain = match.length - lease.cached_tokens
+                lease.sequence, lease.cached_tokens = seq, match.length
+                lease.tier = "ssd-hint" if match.hinted else "ssd"
+                lease.round = match.row.round + 1 if match.length >= match.row.prompt_len else 1
+                with self._lock:
+                    self.counters["ssd_hits"] += 1
+                    self.counters["cached_tokens"] += gain
+                return
+        if not isinstance(outcome, Exception):
+            raise outcome
+        with self._lock:
+            self.counters["ssd_rejected"] += 1
+        log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, outcome)
+
+    @staticmethod
+    def diagnose(lease) -> None:
+        diagnose, lease.diagnose = lease.diagnose, None
+        if diagnose is not None:
+            diagnose()
+
+    def _outcome(self, lease: SequenceLease) -> bytes | BaseException:
+        try:
+            return self.read_ssd(lease)
+        except SnapshotInvalid as exc:
+            return exc
 
     def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether one more request fits beside the running ones (entries are evictable, rows are not)."""
@@ -291,12 +355,6 @@ class SequencePrefixCache:
 
     def _open(self, namespace: str, prompt: tuple[int, ...], hint: str | None, reserve: int,
               entry: SequenceEntry | None, device_length: int, hinted: bool) -> SequenceLease:
-        limit = len(prompt) - 1
-        restored = self._try_ssd(namespace, prompt, hint, device_length, limit)
-        if restored is not None:
-            seq, length, tier, round_, seconds = restored
-            return SequenceLease(namespace, prompt, seq, length, tier, reserve, round=round_, hint=hint,
-                                 restore_s=seconds)
         if entry is not None and device_length > 0:
             entry.last_used, entry.hits = time.monotonic(), entry.hits + 1
             seq = self.engine.share(entry.seq, device_length)
@@ -304,32 +362,20 @@ class SequencePrefixCache:
                                  reserve, round=entry.round + 1, hint=hint)
         return SequenceLease(namespace, prompt, self.engine.open(), 0, "cold", reserve, hint=hint)
 
-    def _try_ssd(self, namespace: str, prompt: tuple[int, ...], hint: str | None, device_length: int, limit: int):
-        if self.store is None or device_length >= limit:
+    def _plan_ssd(self, lease: SequenceLease, limit: int) -> SequenceMatch | None:
+        """The snapshot worth reading instead of recomputing, cut to what the request shares with it (memory
+        only: the index is mirrored in RAM)."""
+        if self.store is None or lease.cached_tokens >= limit:
             return None
-        match = self.store.lookup(namespace, prompt, hint)
-        if match is None or min(match.length, limit) <= device_length:
+        match = self.store.lookup(lease.namespace, lease.prompt, lease.hint)
+        if match is None or min(match.length, limit) <= lease.cached_tokens:
             return None
         length = min(match.length, limit)
-        if not self.cost.restore_pays(length - device_length, match.row.nbytes):
-            self.counters["ssd_not_worth_it"] += 1
+        if not self.cost.restore_pays(length - lease.cached_tokens, match.row.nbytes):
+            with self._lock:
+                self.counters["ssd_not_worth_it"] += 1
             return None
-        started = time.perf_counter()
-        try:
-            state = self.store.read(match.row)
-            seq = self.engine.import_state(state, match.row.length)
-        except (SnapshotInvalid, Exception) as exc:  # a damaged blob, or state llama.cpp refuses: recompute
-            if not isinstance(exc, SnapshotInvalid):
-                self.store.quarantine(match.row)
-            self.counters["ssd_rejected"] += 1
-            log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, exc)
-            return None
-        self.engine.crop(seq, length)
-        seconds = time.perf_counter() - started
-        self.cost.observe_restore(match.row.nbytes, seconds)
-        self.counters["ssd_hits"] += 1
-        round_ = match.row.round + 1 if length >= match.row.prompt_len else 1
-        return seq, length, "ssd-hint" if match.hinted else "ssd", round_, seconds
+        return SequenceMatch(match.row, length, match.hinted)
 
     def _note_near_miss(self, lease: SequenceLease, entry: SequenceEntry | None, shared: int,
                         describe: Callable[[int], str] | None, request_id: str) -> None:

@@ -48,6 +48,7 @@ from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.report import RequestReport
+from zllm.runtime.restores import Restores
 from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, WaitingRequest, plan_admission, plan_prefill
 from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep
 from zllm.runtime.stops import StopTokens
@@ -58,6 +59,7 @@ __all__ = ["EngineLoop", "EngineRequest", "ActiveRequest"]
 log = logging.getLogger("zllm.runtime")
 
 _SHUTDOWN = object()
+_WAKE = object()  # a restore finished: look at the restores again
 
 # what a row hands the step: its tokens for the shared forward and what to do with its logits afterwards
 # (the callback returns Finished when the row ended)
@@ -98,6 +100,7 @@ class EngineLoop:
         self._stopping = False  # engine thread: the shutdown marker arrived
         self._line = WaitingLine()  # engine thread: submitted, not yet running
         self._rows: list[ActiveRequest] = []  # engine thread: running (prefilling or decoding)
+        self._restores = Restores(wake=lambda: self._queue.put(_WAKE))  # engine thread: reading from SSD
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -144,16 +147,21 @@ class EngineLoop:
 
     def _main(self) -> None:
         apply_threads(self._threads)  # torch's thread count is per OS thread
-        with torch.inference_mode():
-            while self._receive():
-                self._admit_waiting()
-                if self._rows:
-                    self._step()
+        try:
+            with torch.inference_mode():
+                while self._receive():
+                    self._join_restored()
+                    self._admit_waiting()
+                    if self._rows:
+                        self._step()
+        finally:
+            self._restores.close()
 
     def _receive(self) -> bool:
         """Move submitted requests to the waiting line (blocking only when there is nothing else to do).
         False when the loop is done: shutting down and every request has ended."""
-        block = not self._rows and not len(self._line) and not self._stopping
+        # with nothing running, wait for a request, or for a restore to finish (it wakes the queue)
+        block = not self._rows and not self._stopping and (not len(self._line) or len(self._restores) > 0)
         while True:
             try:
                 item = self._queue.get(block=block)
@@ -162,9 +170,9 @@ class EngineLoop:
             block = False
             if item is _SHUTDOWN:
                 self._stopping = True
-            else:
+            elif item is not _WAKE:
                 self._line.add(item)
-        return not (self._stopping and not self._rows and not len(self._line))
+        return not (self._stopping and not self._rows and not len(self._line) and not len(self._restores))
 
     def _admit_waiting(self) -> None:
         """Carry out the scheduler's admission (scheduler.plan_admission) over the waiting line."""
@@ -172,7 +180,7 @@ class EngineLoop:
         waiting = [WaitingRequest(request, self._line.waited(request), request.aborted.is_set(),
                                   cache.admission_need(len(request.prompt_ids), request.max_tokens) if cache else 0)
                    for request in self._line.candidates()]
-        admission = plan_admission(self.scheduler, waiting, running=len(self._rows),
+        admission = plan_admission(self.scheduler, waiting, running=len(self._rows) + len(self._restores),
                                    room=cache.admission_room() if cache is not None else None)
         for request in admission.drop:
             self._line.remove(request)
@@ -182,8 +190,9 @@ class EngineLoop:
             self._start(request)
 
     def _start(self, request: EngineRequest) -> None:
-        """Make `request` a row: look its prompt up in the prefix cache (restoring a device or SSD prefix into
-        its working buffers); its prefill runs in the following steps."""
+        """Look `request`'s prompt up in the prefix cache: a device hit (or a miss) makes it a row now; a prefix
+        worth reading from SSD is read on the restore thread first (runtime/restores.py), and the row starts
+        when the read is done (`_join_restored`). Its prefill runs in the following steps."""
         lease = None
         try:
             if self.prefix_cache is not None:
@@ -191,22 +200,43 @@ class EngineLoop:
                                                   request.prompt_ids, hint=request.cache_hint,
                                                   max_new_tokens=request.max_tokens,
                                                   describe_position=request.describe_position,
-                                                  request_id=request.request_id)
-            active = ActiveRequest(
-                request=request,
-                cache=self.engine.open(lease),
-                sampler=Sampler(request.sampling, self.engine.device),
-                output=self._output_processor(request),
-                lease=lease,
-            )
-            active.looked_up_at = time.perf_counter()
-            active.speculative = self._speculative_step(active)
+                                                  request_id=request.request_id, defer=True)
+                if lease.diagnose is not None:
+                    self._restores.diagnose(partial(self.prefix_cache.diagnose, lease))
+                if lease.pending is not None:
+                    self._restores.start(request, lease, partial(_under_inference_mode, self.prefix_cache.read_ssd))
+                    return
+            self._begin(request, lease, time.perf_counter())
         except Exception as exc:
-            if lease is not None:
-                self.prefix_cache.release(lease)
-            self._finish(request, error_finished(request, exc, 0, 0))
-            return
+            self._fail_start(request, lease, exc)
+
+    def _join_restored(self) -> None:
+        """Rows for the requests whose SSD read finished (a rejected snapshot: they start from what the device
+        tier gave; a request aborted meanwhile starts and ends at the next step, keeping its restored prefix)."""
+        for request, lease, admitted_at, outcome in self._restores.ready():
+            try:
+                self.prefix_cache.complete_ssd(lease, outcome)
+                self._begin(request, lease, admitted_at)
+            except Exception as exc:
+                self._fail_start(request, lease, exc)
+
+    def _begin(self, request: EngineRequest, lease, admitted_at: float) -> None:
+        active = ActiveRequest(
+            request=request,
+            cache=self.engine.open(lease),
+            sampler=Sampler(request.sampling, self.engine.device),
+            output=self._output_processor(request),
+            lease=lease,
+            admitted_at=admitted_at,
+        )
+        active.looked_up_at = time.perf_counter()
+        active.speculative = self._speculative_step(active)
         self._rows.append(active)
+
+    def _fail_start(self, request: EngineRequest, lease, exc: Exception) -> None:
+        if lease is not None:
+            self.prefix_cache.release(lease)
+        self._finish(request, error_finished(request, exc, 0, 0))
 
     def _step(self) -> None:
         """One forward for every row: decoding rows sample first (their token is what they feed), prefilling
@@ -423,3 +453,8 @@ class EngineLoop:
         return TurnOutput(text_stage, request.parser or PlainTextParser())
 
 
+def _under_inference_mode(read: Callable, lease):
+    """A read on the restore thread writes into working buffers made under inference mode, which only
+    inference mode may update in place."""
+    with torch.inference_mode():
+        return read(lease)

@@ -139,7 +139,13 @@ class LlamaCppEngine:
         return len(self._free_ids)
 
     def _measure_bytes_per_token(self) -> int:
-        """KV bytes one token adds to a sequence's state (the state of 2 tokens minus that of 1)."""
+        """KV bytes one token adds to a sequence's state (the state of 2 tokens minus that of 1).
+
+        Decoded on ONE thread: this runs on the loading thread, and a multi-threaded decode there leaves an
+        OpenMP thread team behind that halves every later decode on the engine thread at 2 threads
+        (bench/llamacpp_engine.py measured 82 vs 138 tok/s on 2 cores)."""
+        threads = self.settings.threads or _cores()
+        lc.llama_set_n_threads(self.ctx, 1, 1)
         seq = self.open()
         try:
             self.step([Row(seq, [0])])
@@ -148,6 +154,7 @@ class LlamaCppEngine:
             return max(lc.llama_state_seq_get_size(self.ctx, seq.seq_id) - one, 1)
         finally:
             self.release(seq)
+            lc.llama_set_n_threads(self.ctx, threads, threads)
 
     # ------------------------------------------------------------------ the engine seam
 
