@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, pack_tokens, token_sha256
 from zllm.kvcache.state import common_prefix_length
@@ -79,7 +80,7 @@ class SequenceSnapshots:
             d.mkdir(parents=True, exist_ok=True)
         self.index = self._open_index()
         self._lock = threading.Lock()
-        self.rows: dict[str, SnapshotRow] = {}
+        self.rows: RowTable = RowTable()
         self.quarantined = 0
         self._touches: dict[str, SnapshotRow] = {}
         self._generation = self._recover()
@@ -114,7 +115,7 @@ class SequenceSnapshots:
         for path in self.blobs.iterdir():
             if path.name not in named:
                 self._set_aside(path) if path.is_dir() else path.unlink(missing_ok=True)
-        self.rows = kept
+        self.rows = RowTable(kept)  # indexed for the longest-prefix lookup
         return max((row.generation for row in kept.values()), default=self.index.max_generation()) + 1
 
     # ------------------------------------------------------------------ lookups and reads (engine thread)
@@ -124,7 +125,7 @@ class SequenceSnapshots:
         packed = pack_tokens(tokens)
         best: SequenceMatch | None = None
         with self._lock:
-            rows = [row for row in self.rows.values() if row.namespace == namespace]
+            rows = self.rows.candidates(namespace, packed)  # only rows that can share a useful prefix
         for row in rows:
             shared = common_prefix_length(row.tokens, packed) // 4
             hinted = hint is not None and hint in (row.id, row.hint_key) and shared == row.length

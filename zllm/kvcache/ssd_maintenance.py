@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header
 from zllm.kvcache.ssd_index import SnapshotRow
 
@@ -30,7 +31,7 @@ class Maintenance:
         if malformed:
             log.warning("kv cache: dropping %d malformed index rows", len(malformed))
             self.index.delete(malformed)
-        self.rows = {row.id: row for row in rows}
+        self.rows = RowTable({row.id: row for row in rows})  # indexed for the longest-prefix lookup
         for row in rows:  # quarantining a parent takes its descendants along, checked or not
             if row.id in self.rows and (reason := self._unsound(row)) is not None:
                 self.quarantine(row.id, reason)

@@ -93,7 +93,7 @@ class SnapshotStore(Maintenance):
         """(best restorable match, best diverging snapshot by shared fraction — for the near-miss log)."""
         packed = pack_tokens(tokens)
         with self._lock:
-            rows = [r for r in self.rows.values() if r.namespace == namespace]
+            rows = self.rows.candidates(namespace, packed)  # only rows that can share a useful prefix
         if hint:
             hinted = self._hinted(rows, hint)
             if hinted is not None and packed.startswith(hinted.tokens):
