@@ -286,31 +286,34 @@ class SequencePrefixCache:
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
-        """Device entries are dropped at the engine's next acquire or finish (the pool is engine-thread only):
-        here they are only unlisted and their sequences queued for release."""
+        """Device entries leave the listing now and give their sequences back at the engine's next acquire
+        (the pool is engine-thread only)."""
         out = {"device_freed_bytes": 0, "ssd_removed": 0}
         if "device" in tiers:
             with self._lock:
-                now = time.time()
-                doomed = [e for e in self.entries_by_id.values()
-                          if (namespace is None or e.namespace == namespace)
-                          and (older_than_s is None or now - e.created > older_than_s)
-                          and (older_than_s is not None or namespace is not None)]
-                if max_bytes is not None:
-                    left = sorted((e for e in self.entries_by_id.values() if e not in doomed), key=lambda e: e.last_used)
-                    total = sum(e.length for e in left) * self.bytes_per_token
-                    for e in left:
-                        if total <= max_bytes:
-                            break
-                        doomed.append(e)
-                        total -= e.length * self.bytes_per_token
-                for e in doomed:
-                    self._pending_release.append(self.entries_by_id.pop(e.id).seq)
-                    out["device_freed_bytes"] += e.length * self.bytes_per_token
+                for entry in self._doomed(older_than_s, max_bytes, namespace):
+                    self._pending_release.append(self.entries_by_id.pop(entry.id).seq)
+                    out["device_freed_bytes"] += entry.length * self.bytes_per_token
         if "ssd" in tiers and self.store is not None:
             out["ssd_removed"] = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes,
                                                       namespace=namespace))
         return out
+
+    def _doomed(self, older_than_s: float | None, max_bytes: int | None, namespace: str | None) -> list:
+        """Entries a prune drops: by age and/or namespace, then least recently used down to `max_bytes`."""
+        now, entries = time.time(), list(self.entries_by_id.values())
+        doomed = [] if older_than_s is None and namespace is None else [
+            e for e in entries if (namespace is None or e.namespace == namespace)
+            and (older_than_s is None or now - e.created > older_than_s)]
+        if max_bytes is not None:
+            left = sorted((e for e in entries if e not in doomed), key=lambda e: e.last_used)
+            total = sum(e.length for e in left) * self.bytes_per_token
+            for entry in left:
+                if total <= max_bytes:
+                    break
+                doomed.append(entry)
+                total -= entry.length * self.bytes_per_token
+        return doomed
 
     def near_misses(self) -> list[NearMiss]:
         return self.near_miss_log.records()

@@ -172,3 +172,17 @@ def test_rounds_zero_keeps_nothing(engine) -> None:
     cache = new_cache(engine, rounds=0)
     run(engine, cache, TURN1, "r1", generate=1)
     assert cache.entries() == [] and engine.free_sequences == free
+
+
+def test_prune_by_namespace_and_size_gives_sequences_back(engine) -> None:
+    free = engine.free_sequences
+    cache = new_cache(engine)
+    run(engine, cache, TURN1, "r1", generate=0)
+    run(engine, cache, [t + 1 for t in TURN1], "r2", generate=0)
+    assert cache.prune(namespace="other") == {"device_freed_bytes": 0, "ssd_removed": 0}
+    freed = cache.prune(max_bytes=len(TURN1) * engine.bytes_per_token)["device_freed_bytes"]
+    assert freed == len(TURN1) * engine.bytes_per_token and [e["id"] for e in cache.entries()] == ["r2"]
+    cache.prune(namespace=NS)
+    assert cache.entries() == []
+    cache.acquire(NS, TURN2, request_id="r3")  # the engine thread gives pruned sequences back here
+    assert engine.free_sequences == free - 1
