@@ -1,6 +1,6 @@
 """Prefix cache: TTFT cold vs device-tier hit vs SSD-tier hit on an agent-shaped prompt, in one run.
 
-    .venv/bin/python bench/prefix_cache.py [MODEL_DIR] [--tokens 4000] [--threads 1] [--turns 4]
+    .venv/bin/python bench/prefix_cache.py [MODEL_DIR] [--tokens 4000] [--threads 1] [--turns 4] [--backend auto]
 
 MODEL_DIR defaults to SmolLM2-135M from the test cache (~/.cache/zllm-tests/e2e-data/models/smollm2) or the
 user's store, else the tiny random test model. Prints one JSON line per figure (design/PERF.md P1, P2, P6);
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
-from zllm.engine import load_model  # noqa: E402
+from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
 from zllm.runtime import LocalEngineClient  # noqa: E402
 
@@ -51,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     parser = model_parser(__doc__.splitlines()[0], dtype=False)
     parser.add_argument("--tokens", type=int, default=4000, help="turn-1 prompt size (at least the ~2.5K system prompt)")
     parser.add_argument("--turns", type=int, default=4, help="turns of the cached_ratio session")
+    parser.add_argument("--backend", default="auto", help="auto (GGUF on llama.cpp), torch or llamacpp")
     return parser.parse_args()
 
 
@@ -144,14 +145,17 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model_dir(args, tiny_fallback=True)
-    loaded = load_model(model_dir, device=args.device, threads=args.threads)
     needed = args.tokens + 200 * (args.turns + 2)  # the session grows by an answer and a user turn per turn
+    loaded = load_for_backend(model_dir, backend=args.backend, device=args.device, threads=args.threads)
     if loaded.context_length < needed:  # the tiny test model's window is 512; RoPE extends fine beyond
+        if loaded.engine is not None:  # llama.cpp sizes its KV pool at load
+            loaded.engine.close()
+            loaded = load_for_backend(model_dir, backend=args.backend, threads=args.threads, context_length=needed)
         loaded = dataclasses.replace(loaded, context_length=needed)
     snapshot_dir = Path(tempfile.mkdtemp(prefix="zllm-bench-kv-"))
     config = CacheConfig(device_budget_bytes=4 << 30, ssd_dir=snapshot_dir, ssd_min_tokens=1)
-    common = {"model": model_dir.name, "device": str(loaded.device), "dtype": str(loaded.dtype).removeprefix("torch."),
-              "threads": args.threads}
+    common = {"model": model_dir.name, "backend": loaded.backend, "device": str(loaded.device),
+              "dtype": loaded.quantization, "threads": args.threads}
     try:
         client = LocalEngineClient(loaded, MODEL_NAME, 0, cache_config=config)
         turn1 = conversation(client.renderer, args.tokens)
@@ -160,6 +164,7 @@ def main() -> None:
         turn2_other = turn1 + [Message("assistant", answer), new_user_turn(2, "Thanks.")]
         settle(client)
         cold_s, cold, _ = asyncio.run(ttft(client, turn2, "cold", "cold"))
+        settle(client)  # the cold request's snapshot is written before the device hit is timed
         device_s, device, _ = asyncio.run(ttft(client, turn2, "session", "t2"))
         settle(client)
         client.close()
