@@ -70,7 +70,9 @@ class LlamaCppEngine:
         lc.llama_backend_init()
         self.settings = settings
         model_params = lc.llama_model_default_params()
-        model_params.n_gpu_layers = settings.gpu_layers if lc.llama_supports_gpu_offload() else 0
+        # -1 = every layer (the C API wants a count: more layers than the model has means all of them)
+        layers = 0x7FFFFFFF if settings.gpu_layers < 0 else settings.gpu_layers
+        model_params.n_gpu_layers = layers if lc.llama_supports_gpu_offload() else 0
         self.model = lc.llama_model_load_from_file(gguf_path.encode(), model_params)
         if not self.model:
             raise EngineFailure(f"llama.cpp could not load {gguf_path}")
