@@ -18,7 +18,6 @@ Thread safety: `acquire`/`finish`/`release` run on the engine thread; `stats`, `
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,16 +26,15 @@ from pathlib import Path
 
 import torch
 
-from zllm.kvcache.cost import CostModel
 from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
-from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.radix import Match, Node
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import unpack_tokens
 from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 from zllm.kvcache.state import KVLayout, KVState, clone_state, copy_into, slice_state
-from zllm.kvcache.writer import SnapshotWriter
+from zllm.kvcache.tiers import CacheTiers
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -83,22 +81,14 @@ class Lease:
         assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
 
 
-class PrefixCache:
+class PrefixCache(CacheTiers):
     def __init__(self, config: CacheConfig, layout: KVLayout, device: torch.device | str, *,
                  decode: Callable[[Sequence[int]], str] | None = None, cost_key: str = ""):
-        self.config = config
+        store = SnapshotStore(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
+        super().__init__(config, store, f"cost:{layout.key}:{torch.device(device).type}:{cost_key}", decode)
         self.layout = layout
         self.device_tier = DeviceTier(config.device_budget_bytes, max(config.rounds, 1))
         self.pool = BufferPool(layout, device)
-        self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
-                                         min_fraction=config.near_miss_fraction)
-        self.store = SnapshotStore(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
-        self.writer = SnapshotWriter(self.store) if self.store is not None else None
-        self._cost_key = f"cost:{layout.key}:{torch.device(device).type}:{cost_key}"
-        self.cost = CostModel.from_json(self.store.index.get_meta(self._cost_key) if self.store else None)
-        self._lock = threading.RLock()
-        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "device_hits": 0, "ssd_hits": 0,
-                         "ssd_not_worth_it": 0, "ssd_rejected": 0, "kept": 0, "not_kept": 0}
 
     # ------------------------------------------------------------------ request lifecycle (engine thread)
 
@@ -177,13 +167,6 @@ class PrefixCache:
             self.counters["cached_tokens"] += gain
 
     @staticmethod
-    def diagnose(lease) -> None:
-        """Record the lease's near miss, if it is one (any thread: it may render the prompt's segments)."""
-        diagnose, lease.diagnose = lease.diagnose, None
-        if diagnose is not None:
-            diagnose()
-
-    @staticmethod
     def _outcome(read: Callable, lease) -> object:
         try:
             return read(lease)
@@ -203,10 +186,6 @@ class PrefixCache:
         """Bytes of the device budget not held by running requests' working buffers."""
         with self._lock:
             return self.device_tier.budget_bytes - self.pool.in_use_bytes()
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
-        self.cost.observe_prefill(tokens, seconds)
 
     def finish(self, lease: Lease, sequence: Sequence[int], state: KVState, *, entry_id: str,
                prompt_length: int, hint_key: str | None = None, buffers: KVState | None = None) -> bool:
@@ -239,15 +218,9 @@ class PrefixCache:
                 # bytes on retained entries' paths: equals device_bytes unless something else (a lock) pins nodes
                 "retained_bytes": sum(n.nbytes for n in {n for e in tier.entries.values() for n in e.node.path()}),
                 "entries": len(tier.entries), "nodes": sum(len(t.nodes()) for t in tier.trees.values()),
-                "namespaces": len(tier.trees), **self.counters,
-                "near_misses": len(self.near_miss_log.records()),
-                "prefill_s_per_token": self.cost.prefill_s_per_token,
-                "restore_s_per_byte": self.cost.restore_s_per_byte,
+                "namespaces": len(tier.trees), **self._common_stats(),
             }
-        if self.store is not None:
-            stats.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
-            stats["ssd_dropped_jobs"] = self.writer.dropped if self.writer else 0
-        return stats
+        return {**stats, **self._ssd_stats()}
 
     def entries(self) -> list[dict[str, object]]:
         """Everything cached, newest use first: device entries, then SSD snapshots."""
@@ -256,11 +229,7 @@ class PrefixCache:
                        "prompt_tokens": e.prompt_length, "own_bytes": _exclusive_bytes(e.node), "round": e.round,
                        "conversation": e.conversation, "created": e.created, "hits": e.hits}
                       for e in sorted(self.device_tier.entries.values(), key=lambda e: e.last_used, reverse=True)]
-        ssd = [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
-                "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
-                "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
-               for r in (self.store.snapshots() if self.store else [])]
-        return device + ssd
+        return device + self._ssd_entries()
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
@@ -279,14 +248,6 @@ class PrefixCache:
                                                       namespace=namespace))
         return out
 
-    def near_misses(self) -> list[NearMiss]:
-        return self.near_miss_log.records()
-
-    def flush(self) -> None:
-        """Wait for queued SSD writes (tests, benchmarks, shutdown)."""
-        if self.writer is not None:
-            self.writer.flush()
-
     def check_integrity(self) -> None:
         with self._lock:
             self.device_tier.check_integrity()
@@ -295,11 +256,7 @@ class PrefixCache:
             self.store.check_integrity()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        if self.store is not None:
-            self.store.index.set_meta(self._cost_key, self.cost.to_json())
-            self.store.close()
+        self._close_tiers()
 
     # ------------------------------------------------------------------ internals
 

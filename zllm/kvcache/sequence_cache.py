@@ -23,20 +23,18 @@ methods use either. Engine thread for the lifecycle; stats, entries, prune and n
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from zllm.kvcache.cost import CostModel
-from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.prefix_cache import CacheConfig
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.state import common_prefix_length
-from zllm.kvcache.writer import SnapshotWriter
+from zllm.kvcache.tiers import CacheTiers
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -101,12 +99,13 @@ class SequenceLease:
         assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
 
 
-class SequencePrefixCache:
+class SequencePrefixCache(CacheTiers):
     def __init__(self, config: CacheConfig, engine: SequenceEngine, *, cells: int, bytes_per_token: int,
                  layout: str, spare_sequences: int = 9, decode: Callable[[Sequence[int]], str] | None = None):
         """`layout` names what makes a saved state loadable (model, backend, KV types); `spare_sequences` are
         kept free for rows about to start (the batch size plus one)."""
-        self.config = config
+        store = SequenceSnapshots(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
+        super().__init__(config, store, f"cost:seq:{layout}", decode)
         self.engine = engine
         self.cells = cells
         self.bytes_per_token = bytes_per_token
@@ -114,15 +113,6 @@ class SequencePrefixCache:
         self.entries_by_id: dict[str, SequenceEntry] = {}
         self.reserved = 0
         self._pending_release: list[Any] = []  # sequences of entries pruned from another thread
-        self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
-                                         min_fraction=config.near_miss_fraction)
-        self.store = SequenceSnapshots(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
-        self.writer = SnapshotWriter(self.store) if self.store is not None else None
-        self._cost_key = f"cost:seq:{layout}"
-        self.cost = CostModel.from_json(self.store.index.get_meta(self._cost_key) if self.store else None)
-        self._lock = threading.RLock()
-        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "device_hits": 0, "ssd_hits": 0,
-                         "ssd_not_worth_it": 0, "ssd_rejected": 0, "kept": 0, "not_kept": 0}
 
     # ------------------------------------------------------------------ request lifecycle (engine thread)
 
@@ -197,12 +187,6 @@ class SequencePrefixCache:
             self.counters["ssd_rejected"] += 1
         log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, outcome)
 
-    @staticmethod
-    def diagnose(lease) -> None:
-        diagnose, lease.diagnose = lease.diagnose, None
-        if diagnose is not None:
-            diagnose()
-
     def _outcome(self, lease: SequenceLease) -> bytes | BaseException:
         try:
             return self.read_ssd(lease)
@@ -221,9 +205,6 @@ class SequencePrefixCache:
         """Pool cells not reserved by running requests (kept entries are evicted to make room)."""
         with self._lock:
             return self.cells - self.reserved
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        self.cost.observe_prefill(tokens, seconds)
 
     def finish(self, lease: SequenceLease, sequence: Sequence[int], state: Any, *, entry_id: str,
                prompt_length: int, hint_key: str | None = None, buffers: Any = None) -> bool:
@@ -255,22 +236,18 @@ class SequencePrefixCache:
     def stats(self) -> dict[str, object]:
         with self._lock:
             entries = list(self.entries_by_id.values())
+            held = sum(e.length for e in entries)
             stats: dict[str, object] = {
-                "device_bytes": sum(e.length for e in entries) * self.bytes_per_token,
+                "device_bytes": held * self.bytes_per_token,
                 "device_budget_bytes": self.cells * self.bytes_per_token,
                 # the pool is allocated whole: what entries do not hold is the running rows' room
-                "pool_bytes": max(self.cells - sum(e.length for e in entries), 0) * self.bytes_per_token,
+                "pool_bytes": max(self.cells - held, 0) * self.bytes_per_token,
                 "pool_in_use_bytes": self.reserved * self.bytes_per_token,
-                "retained_bytes": sum(e.length for e in entries) * self.bytes_per_token,
+                "retained_bytes": held * self.bytes_per_token,
                 "entries": len(entries), "nodes": len(entries), "namespaces": len({e.namespace for e in entries}),
-                **self.counters, "near_misses": len(self.near_miss_log.records()),
-                "prefill_s_per_token": self.cost.prefill_s_per_token,
-                "restore_s_per_byte": self.cost.restore_s_per_byte,
+                **self._common_stats(),
             }
-        if self.store is not None:
-            stats.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
-            stats["ssd_dropped_jobs"] = self.writer.dropped if self.writer else 0
-        return stats
+        return {**stats, **self._ssd_stats()}
 
     def entries(self) -> list[dict[str, object]]:
         with self._lock:
@@ -278,11 +255,7 @@ class SequencePrefixCache:
                        "prompt_tokens": e.prompt_length, "own_bytes": e.length * self.bytes_per_token,
                        "round": e.round, "conversation": e.id, "created": e.created, "hits": e.hits}
                       for e in sorted(self.entries_by_id.values(), key=lambda e: e.last_used, reverse=True)]
-        ssd = [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
-                "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
-                "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
-               for r in (self.store.snapshots() if self.store else [])]
-        return device + ssd
+        return device + self._ssd_entries()
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
@@ -315,13 +288,6 @@ class SequencePrefixCache:
                 total -= entry.length * self.bytes_per_token
         return doomed
 
-    def near_misses(self) -> list[NearMiss]:
-        return self.near_miss_log.records()
-
-    def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-
     def check_integrity(self) -> None:
         with self._lock:
             assert self.reserved >= 0, "reservations never go negative"
@@ -331,15 +297,11 @@ class SequencePrefixCache:
 
     def close(self) -> None:
         """After the engine thread stopped: finish SSD writes, give every entry's sequence back to the pool."""
-        if self.writer is not None:
-            self.writer.close()
+        self._close_tiers()
         with self._lock:
             self._release_pending()
             for entry in list(self.entries_by_id.values()):
                 self._evict(entry)
-        if self.store is not None:
-            self.store.index.set_meta(self._cost_key, self.cost.to_json())
-            self.store.close()
 
     # ------------------------------------------------------------------ internals (engine thread)
 

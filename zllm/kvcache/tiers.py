@@ -1,0 +1,74 @@
+"""`CacheTiers`: what both prefix caches hold around their device tier — the SSD store and its writer thread,
+the measured restore-vs-recompute estimate, the near-miss log and the counters — with the parts of their
+surface that do not depend on what a device entry is (prefix_cache.py: tensors; sequence_cache.py: engine
+sequences)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from zllm.kvcache.cost import CostModel
+from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.writer import SnapshotWriter
+
+COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "device_hits", "ssd_hits", "ssd_not_worth_it",
+            "ssd_rejected", "kept", "not_kept")
+
+
+class CacheTiers:
+    def __init__(self, config, store, cost_key: str, decode: Callable[[Sequence[int]], str] | None):
+        """`store`: the SSD tier (a SnapshotStore or SequenceSnapshots), None without one."""
+        self.config = config
+        self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
+                                         min_fraction=config.near_miss_fraction)
+        self.store = store
+        self.writer = SnapshotWriter(store) if store is not None else None
+        self._cost_key = cost_key
+        self.cost = CostModel.from_json(store.index.get_meta(cost_key) if store is not None else None)
+        self._lock = threading.RLock()
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
+        self.cost.observe_prefill(tokens, seconds)
+
+    def near_misses(self) -> list[NearMiss]:
+        return self.near_miss_log.records()
+
+    def flush(self) -> None:
+        """Wait for queued SSD writes (tests, benchmarks, shutdown)."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    @staticmethod
+    def diagnose(lease) -> None:
+        """Record the lease's near miss, if it is one (any thread: it may render the prompt's segments)."""
+        diagnose, lease.diagnose = lease.diagnose, None
+        if diagnose is not None:
+            diagnose()
+
+    def _common_stats(self) -> dict[str, object]:
+        return {**self.counters, "near_misses": len(self.near_miss_log.records()),
+                "prefill_s_per_token": self.cost.prefill_s_per_token,
+                "restore_s_per_byte": self.cost.restore_s_per_byte}
+
+    def _ssd_stats(self) -> dict[str, object]:
+        if self.store is None:
+            return {}
+        return {**{f"ssd_{k}": v for k, v in self.store.stats().items()},
+                "ssd_dropped_jobs": self.writer.dropped if self.writer else 0}
+
+    def _ssd_entries(self) -> list[dict[str, object]]:
+        return [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
+                 "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
+                 "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
+                for r in (self.store.snapshots() if self.store else [])]
+
+    def _close_tiers(self) -> None:
+        """Finish queued SSD writes (the next start finds the last turns), keep the estimate, close the index."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.store is not None:
+            self.store.index.set_meta(self._cost_key, self.cost.to_json())
+            self.store.close()
