@@ -148,7 +148,7 @@ class SequencePrefixCache(CacheTiers):
                 self.counters["device_hits"] += 1
         return lease
 
-    def read_ssd(self, lease: SequenceLease) -> bytes:
+    def read_ssd(self, lease: SequenceLease) -> memoryview:
         """The disk part of a deferred restore (any thread): the snapshot's state bytes, verified. Raises
         SnapshotInvalid (the snapshot quarantined) when the blob is damaged."""
         started = time.perf_counter()
@@ -156,7 +156,7 @@ class SequencePrefixCache(CacheTiers):
         lease.restore_s = time.perf_counter() - started
         return state
 
-    def complete_ssd(self, lease: SequenceLease, outcome: bytes | BaseException) -> None:
+    def complete_ssd(self, lease: SequenceLease, outcome: memoryview | BaseException) -> None:
         """Engine thread: load the read state into a new sequence, cropped to the shared prefix, in place of
         what the device tier gave; or keep that when the snapshot was rejected (damaged, or refused by the
         engine)."""
@@ -187,7 +187,7 @@ class SequencePrefixCache(CacheTiers):
             self.counters["ssd_rejected"] += 1
         log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, outcome)
 
-    def _outcome(self, lease: SequenceLease) -> bytes | BaseException:
+    def _outcome(self, lease: SequenceLease) -> memoryview | BaseException:
         try:
             return self.read_ssd(lease)
         except SnapshotInvalid as exc:

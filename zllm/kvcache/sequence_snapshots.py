@@ -5,19 +5,21 @@
 A blob is a backend's exported sequence state (`llama_state_seq_get_data`), framed so that a read can trust
 nothing it did not check:
 
-    b"ZLLMSEQ1" | u32 header length | header JSON {layout, tokens, token_sha256, state_bytes, blake2b} | state
+    b"ZLLMSEQ1" | u32 header length | header JSON {layout, tokens, token_sha256, state_bytes, xxh3_128} | state
 
 Commit protocol, as the tensor tier's (ssd_tier.py): write blobs/<gen>.tmp and fsync it, rename, fsync the
 directory, then insert the index row in one sqlite transaction; a crash at any instant leaves the old state or
 the new one. Deletion runs the other way round: row first, then the file.
 
-Reads verify the frame, the layout, the token hash against the index row and a BLAKE2b checksum over the
+Reads verify the frame, the layout, the token hash against the index row and an XXH3-128 checksum over the
 state bytes before a byte reaches the engine: a blob that fails is quarantined and the lookup is a miss.
+XXH3 (xxhash) checks ~25 GB/s where BLAKE2b managed ~1.3: 3 ms instead of 62 for a 3.4K-token state (78 MB),
+next to 40 ms to read it. It guards against damage, not against someone who can write the cache directory
+(they could as well write the index). The blob is read once, into one buffer the engine loads from.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +30,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import xxhash
 
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.ssd_format import SnapshotInvalid
@@ -51,7 +55,7 @@ class SequenceJob:
     tokens: tuple[int, ...]
     prompt_length: int
     round: int
-    state: bytes
+    state: bytes | memoryview  # the engine's export (a view over its buffer: no copy)
     hint_key: str | None = None
 
 
@@ -66,8 +70,9 @@ def blob_file(generation: int) -> str:
     return f"{generation:016x}{BLOB_SUFFIX}"
 
 
-def checksum(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+def checksum(data) -> str:
+    """Of any bytes-like object (a memoryview over the read buffer: no copy)."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 class SequenceSnapshots:
@@ -133,7 +138,7 @@ class SequenceSnapshots:
                 best = SequenceMatch(row, shared, hinted)
         return best
 
-    def read(self, row: SnapshotRow) -> bytes:
+    def read(self, row: SnapshotRow) -> memoryview:
         """The state bytes of `row`, verified; SnapshotInvalid (and the blob quarantined) when anything is off."""
         path = self.blobs / blob_file(row.generation)
         try:
@@ -160,7 +165,7 @@ class SequenceSnapshots:
         final = self.blobs / blob_file(generation)
         temp = final.with_suffix(".tmp")
         header = json.dumps({"layout": self.layout, "tokens": len(job.tokens), "token_sha256": token_sha256(packed),
-                             "state_bytes": len(job.state), "blake2b": checksum(job.state)}).encode()
+                             "state_bytes": len(job.state), "xxh3_128": checksum(job.state)}).encode()
         with open(temp, "wb") as f:
             f.write(MAGIC + struct.pack("<I", len(header)) + header)
             f.write(job.state)
@@ -258,26 +263,30 @@ class SequenceSnapshots:
         log.warning("kv cache: set aside %s", path.name)
 
 
-def _read_frame(path: Path, layout: str, row: SnapshotRow) -> bytes:
+def _read_frame(path: Path, layout: str, row: SnapshotRow) -> memoryview:
+    """The verified state bytes: a view into the one buffer the file was read into (writable, so the engine
+    can load from it without another copy)."""
     try:
         if not path.is_file():
             raise SnapshotInvalid(f"{path.name} is not a file")
         with open(path, "rb") as f:
-            data = f.read()
+            data = memoryview(bytearray(os.fstat(f.fileno()).st_size))
+            if f.readinto(data) != len(data):
+                raise SnapshotInvalid(f"{path.name} changed while it was read")
     except OSError as exc:
         raise SnapshotInvalid(f"{path.name}: {exc}") from exc
-    if data[:8] != MAGIC or len(data) < 12:
+    if len(data) < 12 or bytes(data[:8]) != MAGIC:
         raise SnapshotInvalid(f"{path.name}: not a sequence snapshot")
-    (header_len,) = struct.unpack("<I", data[8:12])
+    (header_len,) = struct.unpack_from("<I", data, 8)
     if header_len > MAX_HEADER or 12 + header_len > len(data):
         raise SnapshotInvalid(f"{path.name}: header length {header_len} is impossible")
     try:
-        header = json.loads(data[12:12 + header_len])
+        header = json.loads(bytes(data[12:12 + header_len]))
         expected = {"layout": layout, "tokens": row.length, "token_sha256": token_sha256(row.tokens)}
         if any(header.get(k) != v for k, v in expected.items()):
             raise SnapshotInvalid(f"{path.name}: written for another model, layout or token sequence")
         state = data[12 + header_len:]
-        if header.get("state_bytes") != len(state) or header.get("blake2b") != checksum(state):
+        if header.get("state_bytes") != len(state) or header.get("xxh3_128") != checksum(state):
             raise SnapshotInvalid(f"{path.name}: state bytes fail their checksum (truncated or damaged)")
     except (ValueError, AttributeError) as exc:
         raise SnapshotInvalid(f"{path.name}: unreadable header") from exc

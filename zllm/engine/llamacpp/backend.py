@@ -244,25 +244,28 @@ class LlamaCppEngine:
         seq.length = length
         return seq
 
-    def export_state(self, seq: LlamaSequence) -> bytes:
+    def export_state(self, seq: LlamaSequence) -> memoryview:
+        """The sequence's state (its KV cells and positions), as a view over a buffer of its own."""
         size = lc.llama_state_seq_get_size(self.ctx, seq.seq_id)
         buffer = (ctypes.c_uint8 * size)()
         written = lc.llama_state_seq_get_data(self.ctx, buffer, size, seq.seq_id)
         if written != size:
             raise EngineFailure(f"llama.cpp wrote {written} of {size} state bytes")
-        return bytes(buffer)
+        return memoryview(buffer).cast("B")
 
-    def import_state(self, data: bytes, length: int) -> LlamaSequence:
-        """A new sequence from `export_state` bytes of a `length`-token sequence; EngineFailure when llama.cpp
-        refuses them (then nothing is held)."""
+    def import_state(self, data, length: int) -> LlamaSequence:
+        """A new sequence from `export_state` bytes (any bytes-like; a writable one is loaded without a copy)
+        of a `length`-token sequence; EngineFailure when llama.cpp refuses them (then nothing is held)."""
         seq = self.open()
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        read = lc.llama_state_seq_set_data(self.ctx, buffer, len(data), seq.seq_id)
+        view = memoryview(data).cast("B")
+        array = ctypes.c_uint8 * len(view)
+        buffer = array.from_buffer(view) if not view.readonly else array.from_buffer_copy(view)
+        read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
         held = lc.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
-        if read != len(data) or held != length:
+        if read != len(view) or held != length:
             seq.length = max(held, 0)
             self.release(seq)
-            raise EngineFailure(f"llama.cpp refused a saved sequence (read {read} of {len(data)} bytes, "
+            raise EngineFailure(f"llama.cpp refused a saved sequence (read {read} of {len(view)} bytes, "
                                 f"{held} of {length} tokens)")
         seq.length = length
         return seq
