@@ -1,0 +1,89 @@
+"""SSD restore vs recompute on the llama.cpp backend, from 1K to 8K tokens (design/PERF.md P2: "never > 1.0").
+
+    .venv/bin/python bench/ssd_restore.py [MODEL_DIR] [--threads 2] [--sizes 1024,2048,4096,8192]
+
+Per size, side by side in one run: recompute = a cold prefill of N tokens in the engine loop's 512-token
+chunks; restore = what an SSD hit does instead — read the snapshot from disk (its pages dropped from the OS
+cache first) and verify it, load it into a new sequence, crop it — then both feed the same last token, whose
+logits are what a first output token needs. One JSON line per size: ratio = restore / recompute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+
+from zllm.engine.contract import Row  # noqa: E402
+from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
+from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots  # noqa: E402
+
+CHUNK = 512
+
+
+def drop_page_cache(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def recompute(engine, tokens: list[int]) -> tuple[float, object]:
+    seq, started = engine.open(), time.perf_counter()
+    for start in range(0, len(tokens), CHUNK):
+        engine.step([Row(seq, tokens[start:start + CHUNK])])
+    return time.perf_counter() - started, seq
+
+
+def restore(engine, store: SequenceSnapshots, row, length: int, last: int) -> float:
+    started = time.perf_counter()
+    seq = engine.import_state(store.read(row), row.length)
+    engine.crop(seq, length)
+    engine.step([Row(seq, [last])])
+    seconds = time.perf_counter() - started
+    engine.release(seq)
+    return seconds
+
+
+def main() -> None:
+    parser = model_parser(__doc__, dtype=False)
+    parser.add_argument("--sizes", default="1024,2048,4096,8192")
+    args = parser.parse_args()
+    model_dir = resolve_model_dir(args)
+    sizes = [int(size) for size in args.sizes.split(",")]
+    loaded = load_gguf_model(model_dir, threads=args.threads, context_length=max(sizes) + 64)
+    engine, scratch = loaded.engine, Path(tempfile.mkdtemp(prefix="zllm-bench-ssd-"))
+    try:
+        store = SequenceSnapshots(scratch, "bench", 1 << 40)
+        for size in sizes:
+            tokens = [(i * 7919) % (engine.vocab_size - 200) + 100 for i in range(size)]
+            cold_s, seq = recompute(engine, tokens)
+            row = store.commit(SequenceJob(f"s{size}", "bench", "m", tuple(tokens), size, 1,
+                                           engine.export_state(seq)))
+            engine.release(seq)
+            drop_page_cache(scratch)
+            restore_s = restore(engine, store, row, size - 1, tokens[-1])
+            print(json.dumps({"bench": "ssd_restore", "tokens": size, "recompute_s": round(cold_s, 3),
+                              "restore_s": round(restore_s, 3), "ratio": round(restore_s / cold_s, 4),
+                              "snapshot_mb": round(row.nbytes / 1e6, 1), "threads": args.threads,
+                              "backend": "llamacpp", "model": model_dir.name, "quantization": loaded.quantization}),
+                  flush=True)
+        store.close()
+    finally:
+        engine.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
