@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 from prefix_cache import conversation, new_user_turn  # noqa: E402  (bench/prefix_cache.py: the same prompt)
 
+from tests.support.daemon import free_port  # noqa: E402
 from zllm.canonical import Message  # noqa: E402
 from zllm.engine.loader import GGUF_FILE  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
-from tests.support.daemon import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWER = "I'll read src/module_0.py first and then profile the function that the user asked about."

@@ -2,8 +2,8 @@
 Responses chained by previous_response_id; the official SDKs over real HTTP to an in-process engine), where each
 turn's prompt tokens extend the previous turn's prompt + output tokens.
 
-The model is a tiny random-weight one, so its output is scripted (`scripted_steps`, at the engine seam): each turn it emits the
-canonical tokens of what the dialect renders for the assistant turn (reasoning, text, calls, end of turn). The
+The model is a tiny random-weight one, so its output is scripted (`scripted_steps`, at the engine seam): each
+turn it emits the canonical tokens of what the dialect renders for the assistant turn (reasoning, text, calls, end of turn). The
 fence stays on and must allow every scripted token; the parser turns them into API tool calls; the client
 echoes the assistant message back as the SDK returned it; the next prompt must start with prompt + output,
 which the prefix cache proves: `cached_tokens == previous prompt + previous completion - 1` (the cache holds

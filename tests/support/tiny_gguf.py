@@ -1,6 +1,6 @@
 """Tiny random-weight test models as GGUF files, for llama.cpp (llama-cpp-python) backend tests.
 
-    from tests.support.tiny_gguf import write_tiny_gguf, tiny_model_dir   # the `tiny_gguf_path` fixture: tests/conftest.py
+    from tests.support.tiny_gguf import write_tiny_gguf, tiny_model_dir  # fixture `tiny_gguf_path`: tests/conftest.py
 
     path = write_tiny_gguf(model, tokenizer, tmp / "m.gguf", dtype="f32")   # any supported HF model
     # in a test (import the fixture into the test module or a conftest):

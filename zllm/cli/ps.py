@@ -1,8 +1,8 @@
 """`zllm ps`: what the daemon has loaded, its memory, and the tool-call dialect with how it was chosen.
 
     $ zllm ps
-    NAME      ARCHITECTURE       PARAMS   BACKEND    DEVICE   DTYPE   CONTEXT   WEIGHTS   KV CACHE            RESIDENT   DIALECT
-    smollm2   LlamaForCausalLM   135M     llamacpp   cpu      Q4_1    8192      96.6 MB   377.7 MB / 377.7 MB 520 MB     hermes
+    NAME     ARCHITECTURE      PARAMS  BACKEND   DEVICE  DTYPE  CONTEXT  WEIGHTS  KV CACHE           RESIDENT  DIALECT
+    smollm2  LlamaForCausalLM  135M    llamacpp  cpu     Q4_1   8192     96.6 MB  377.7 MB / 377.7 MB 995.2 MB  hermes
     backend llamacpp: GGUF weights run on llama.cpp as they are             (stderr: how each was chosen)
     dialect hermes: the chat template mentions <tool_call>
 """

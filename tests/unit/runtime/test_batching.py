@@ -128,7 +128,8 @@ class Starts:
 
 @pytest.fixture
 def backend() -> str:
-    """The engine backend a test runs on; tests that hold on both say `@pytest.mark.parametrize("backend", BACKENDS)`."""
+    """The engine backend a test runs on; a test that holds on both says so:
+    `@pytest.mark.parametrize("backend", BACKENDS)`."""
     return "torch"
 
 
