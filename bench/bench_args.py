@@ -5,6 +5,7 @@ filler text long prompts are made of. Imported by the bench scripts (their folde
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def resolve_model_dir(args: argparse.Namespace, *, tiny_fallback: bool = False) 
 
         return tiny_qwen_dir()
     sys.exit(f"error: no model at {store} or {E2E_SMOLLM2}; pass MODEL_DIR")
+
+
+def drop_page_cache(directory: Path) -> None:
+    """Evict the snapshot files from the OS page cache (they are fsynced, so the pages are clean)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)

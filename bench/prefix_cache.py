@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+from bench_args import drop_page_cache, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
@@ -124,17 +123,6 @@ def settle(client: LocalEngineClient) -> None:
         time.sleep(0.01)
     if client.prefix_cache is not None:
         client.prefix_cache.flush()
-
-
-def drop_page_cache(directory: Path) -> None:
-    """Evict the snapshot files from the OS page cache (they are fsynced, so the pages are clean)."""
-    for path in directory.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def emit(**fields) -> None:

@@ -11,7 +11,6 @@ logits are what a first output token needs. One JSON line per size: ratio = rest
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -20,23 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+from bench_args import drop_page_cache, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots  # noqa: E402
 
 CHUNK = 512
-
-
-def drop_page_cache(directory: Path) -> None:
-    for path in directory.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def recompute(engine, tokens: list[int]) -> tuple[float, object]:
