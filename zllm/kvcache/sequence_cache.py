@@ -33,6 +33,7 @@ from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.prefix_cache import CacheConfig
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_format import SnapshotInvalid
+from zllm.kvcache.ssd_index import unpack_tokens
 from zllm.kvcache.state import common_prefix_length
 from zllm.kvcache.tiers import CacheTiers
 
@@ -350,6 +351,14 @@ class SequencePrefixCache(CacheTiers):
                                           request=lease.prompt, entry=entry.tokens, shared=shared,
                                           prompt_length=entry.prompt_length, describe=describe,
                                           request_id=request_id)
+            return
+        diverged = self.store.diverging(lease.namespace, lease.prompt) if self.store is not None else None
+        if diverged is not None and near.qualifies(diverged.length, diverged.row.length, len(lease.prompt)):
+            row = diverged.row
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier="ssd",
+                                          request=lease.prompt, entry=unpack_tokens(row.tokens),
+                                          shared=diverged.length, prompt_length=row.prompt_len,
+                                          describe=describe, request_id=request_id)
 
     def _submit_snapshot(self, lease: SequenceLease, sequence: tuple[int, ...], seq: Any, entry_id: str,
                          prompt_length: int, hint_key: str | None) -> None:

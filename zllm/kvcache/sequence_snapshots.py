@@ -138,6 +138,18 @@ class SequenceSnapshots:
                 best = SequenceMatch(row, shared, hinted)
         return best
 
+    def diverging(self, namespace: str, tokens: tuple[int, ...]) -> SequenceMatch | None:
+        """The snapshot the request shares the largest fraction of and then leaves (for the near-miss log)."""
+        packed = pack_tokens(tokens)
+        with self._lock:
+            rows = self.rows.candidates(namespace, packed)
+        best: SequenceMatch | None = None
+        for row in rows:
+            shared = common_prefix_length(row.tokens, packed) // 4
+            if 0 < shared < row.length and (best is None or shared / row.length > best.length / best.row.length):
+                best = SequenceMatch(row, shared)
+        return best
+
     def read(self, row: SnapshotRow) -> memoryview:
         """The state bytes of `row`, verified; SnapshotInvalid (and the blob quarantined) when anything is off."""
         path = self.blobs / blob_file(row.generation)
