@@ -15,6 +15,10 @@ new ~150-token user turn. TTFT = submit → first token (max_tokens=1), renderin
 - ssd:    the engine is restarted (a new client over the same snapshot dir; the model stays loaded) and the
           snapshot files are dropped from the OS page cache first, so the restore reads the disk
 - cached_ratio: cached_tokens / prompt_tokens for turns 2.. of a multi-turn session (P6's shape)
+
+Each TTFT is the best of --repeat runs (a fresh namespace for each cold run, a new opening of the user turn for
+each hit, so every hit restores turn 1's state and nothing else), and every hit is timed only after the
+snapshot writer has gone idle: a hit never races the fsync of the request before it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=4000, help="turn-1 prompt size (at least the ~2.5K system prompt)")
     parser.add_argument("--turns", type=int, default=4, help="turns of the cached_ratio session")
     parser.add_argument("--backend", default="auto", help="auto (GGUF on llama.cpp), torch or llamacpp")
+    parser.add_argument("--repeat", type=int, default=3, help="each TTFT is the best of this many runs")
     return parser.parse_args()
 
 
@@ -125,6 +130,16 @@ def settle(client: LocalEngineClient) -> None:
         client.prefix_cache.flush()
 
 
+def best_of(client: LocalEngineClient, runs: list[tuple[list[Message], str, str]]) -> tuple[float, Finished]:
+    """The fastest of `runs` (messages, namespace, request id), each started once the writer is idle."""
+    best = None
+    for messages, namespace, rid in runs:
+        settle(client)
+        seconds, finished, _ = asyncio.run(ttft(client, messages, namespace, rid))
+        best = min(best or (seconds, finished), (seconds, finished), key=lambda run: run[0])
+    return best
+
+
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -148,24 +163,25 @@ def main() -> None:
         client = LocalEngineClient(loaded, MODEL_NAME, 0, cache_config=config)
         turn1 = conversation(client.renderer, args.tokens)
         _, first, answer = asyncio.run(ttft(client, turn1, "session", "t1", max_tokens=32))
-        turn2 = turn1 + [Message("assistant", answer), new_user_turn(2)]
-        turn2_other = turn1 + [Message("assistant", answer), new_user_turn(2, "Thanks.")]
-        settle(client)
-        cold_s, cold, _ = asyncio.run(ttft(client, turn2, "cold", "cold"))
-        settle(client)  # the cold request's snapshot is written before the device hit is timed
-        device_s, device, _ = asyncio.run(ttft(client, turn2, "session", "t2"))
-        settle(client)
-        client.close()
-        drop_page_cache(snapshot_dir)
-        client = LocalEngineClient(loaded, MODEL_NAME, 0, cache_config=config)  # a restart: empty device tier
-        ssd_s, ssd, _ = asyncio.run(ttft(client, turn2_other, "session", "t2-after-restart"))
+        turn2s = [turn1 + [Message("assistant", answer), new_user_turn(2, f"Good ({n}).")] for n in range(args.repeat)]
+        cold_s, cold = best_of(client, [(turn2, f"cold-{n}", f"cold-{n}") for n, turn2 in enumerate(turn2s)])
+        device_s, device = best_of(client, [(turn2, "session", f"t2-{n}") for n, turn2 in enumerate(turn2s)])
+        ssd_runs = []
+        for n in range(args.repeat):
+            settle(client)
+            client.close()
+            drop_page_cache(snapshot_dir)
+            client = LocalEngineClient(loaded, MODEL_NAME, 0, cache_config=config)  # a restart: empty device tier
+            turn2 = turn1 + [Message("assistant", answer), new_user_turn(2, f"Thanks ({n}).")]
+            ssd_runs.append(best_of(client, [(turn2, "session", f"t2-after-restart-{n}")]))
+        ssd_s, ssd = min(ssd_runs, key=lambda run: run[0])
         prompt = cold.usage.prompt_tokens
         emit(figure="P1", name="ttft_device_hit_over_cold", value=round(device_s / cold_s, 4), goal=0.03,
              prompt_tokens=prompt, cached_tokens=device.usage.cached_tokens, **common)
         emit(figure="P2", name="ttft_ssd_hit_over_cold", value=round(ssd_s / cold_s, 4), goal=0.08,
              prompt_tokens=prompt, cached_tokens=ssd.usage.cached_tokens, **common)
         emit(figure="ttft_seconds", cold=round(cold_s, 3), device_hit=round(device_s, 3), ssd_hit=round(ssd_s, 3),
-             turn1_prompt_tokens=first.usage.prompt_tokens, prompt_tokens=prompt, **common)
+             turn1_prompt_tokens=first.usage.prompt_tokens, prompt_tokens=prompt, best_of=args.repeat, **common)
         ratios = session_ratios(client, turn1, args.turns)
         emit(figure="P6", name="cached_over_prompt_tokens_turn2plus", value=round(sum(ratios) / len(ratios), 4),
              per_turn=[round(r, 4) for r in ratios], goal=0.95, **common)
