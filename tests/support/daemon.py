@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import shutil
 import signal
@@ -20,6 +22,24 @@ from pathlib import Path
 
 from zllm.control.client import ControlClient
 from zllm.control.pidfile import wait_until_released
+
+
+_LIVE: set[subprocess.Popen] = set()  # daemons not yet stopped: killed when the test process exits
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies, even by a timeout's os._exit that skips atexit."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -49,8 +69,9 @@ class Daemon:
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "zllm", "serve", *(["--model", model] if model else []), "--port", str(self.port), *args],
-            stdout=subprocess.DEVNULL, stderr=self._log, env=full_env,
+            stdout=subprocess.DEVNULL, stderr=self._log, env=full_env, preexec_fn=_die_with_parent,
         )
+        _LIVE.add(self.proc)
 
     def log(self) -> str:
         return Path(self._log.name).read_text()
@@ -63,6 +84,14 @@ class Daemon:
         return ControlClient(self.control_socket, timeout=timeout)
 
     def wait_ready(self, timeout: float = 120.0) -> "Daemon":
+        """Returns once /health answers; a daemon that never gets there is stopped before the error is raised."""
+        try:
+            return self._wait_ready(timeout)
+        except BaseException:  # a timeout (or pytest-timeout's interrupt) must not leak the process
+            self.stop(signal.SIGKILL, timeout=5)
+            raise
+
+    def _wait_ready(self, timeout: float) -> "Daemon":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -83,6 +112,7 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        _LIVE.discard(self.proc)
         return self.proc.returncode
 
 
