@@ -23,7 +23,6 @@ from pathlib import Path
 from zllm.control.client import ControlClient
 from zllm.control.pidfile import wait_until_released
 
-
 _LIVE: set[subprocess.Popen] = set()  # daemons not yet stopped: killed when the test process exits
 
 
@@ -83,7 +82,7 @@ class Daemon:
     def control(self, timeout: float = 10.0) -> ControlClient:
         return ControlClient(self.control_socket, timeout=timeout)
 
-    def wait_ready(self, timeout: float = 120.0) -> "Daemon":
+    def wait_ready(self, timeout: float = 120.0) -> Daemon:
         """Returns once /health answers; a daemon that never gets there is stopped before the error is raised."""
         try:
             return self._wait_ready(timeout)
@@ -91,7 +90,7 @@ class Daemon:
             self.stop(signal.SIGKILL, timeout=5)
             raise
 
-    def _wait_ready(self, timeout: float) -> "Daemon":
+    def _wait_ready(self, timeout: float) -> Daemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
