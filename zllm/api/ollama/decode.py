@@ -9,7 +9,7 @@
      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {…}}}],
      "options": {"temperature": 0, "num_predict": 64, "stop": ["\\n\\n"], "seed": 1, "num_ctx": 8192}}
 
-Tool calls carry `arguments` as an object; they are serialized compactly, as the Chat Completions decoder
+Tool schemas get their usual key order back (`_conventional_order`). Tool calls carry `arguments` as an object; they are serialized compactly, as the Chat Completions decoder
 does for the object form, so one conversation renders to the same tokens (and prefix-cache entries) through
 either API. A tool result without a call id answers the oldest call of the turn not yet answered.
 Errors are `InvalidRequest` naming the field, answered as `{"error": "..."}`.
@@ -201,7 +201,21 @@ def _decode_tool(item: object, param: str) -> FunctionTool:
     parameters = optional(function, "parameters", "object", f"{param}.function.parameters")
     if parameters is None:
         return FunctionTool(name=name, description=description)
-    return FunctionTool(name=name, description=description, parameters=parameters)
+    return FunctionTool(name=name, description=description, parameters=_conventional_order(parameters))
+
+
+def _conventional_order(schema: dict) -> dict:
+    """The schema with `type`, `properties`, `required` first, as OpenAI-style clients write it.
+
+    Key order reaches the rendered prompt, and Ollama clients cannot choose it: the ollama package (and
+    Ollama itself, decoding into its Go struct) send `type, $defs, items, required, properties`. Putting it back
+    in the usual order lets the same tools hit the same prefix-cache entries as through Chat Completions.
+    """
+    first = [key for key in _SCHEMA_KEY_ORDER if key in schema]
+    return {**{key: schema[key] for key in first}, **{k: v for k, v in schema.items() if k not in first}}
+
+
+_SCHEMA_KEY_ORDER = ("type", "properties", "required")
 
 
 # ----------------------------------------------------------------------------------------------------------

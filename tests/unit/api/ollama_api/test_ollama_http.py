@@ -79,13 +79,16 @@ def test_tool_calls_have_object_arguments(client, engine):
     engine.script(tool_call_events("get_weather", '{"city":"paris","days":2}', call_id="call_7"))
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
                                                "parameters": {"type": "object",
-                                                              "properties": {"city": {"type": "string"}}}}}]
+                                                              "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
     chunks = list(client.chat(model=MODEL, messages=USER, tools=tools, stream=True))
     calls = [call for chunk in chunks for call in (chunk.message.tool_calls or [])]
     assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather",
                                                                                {"city": "paris", "days": 2})]
     assert chunks[-1].done_reason == "stop"
     assert engine.submitted[-1].tools == (FunctionTool("get_weather", "Weather", tools[0]["function"]["parameters"]),)
+    # the client sends `required` before `properties`; the prompt gets the order OpenAI-style clients write
+    assert list(engine.submitted[-1].tools[0].parameters) == ["type", "properties", "required"]
     engine.script(tool_call_events("get_weather", '{"city":"rome"}'))
     answer = client.chat(model=MODEL, messages=USER, tools=tools, stream=False)
     assert [dict(c.function.arguments) for c in answer.message.tool_calls] == [{"city": "rome"}]
