@@ -224,3 +224,13 @@ def test_pull_without_a_store_is_refused(client):
     with pytest.raises(ollama.ResponseError) as caught:
         client.pull("someone/some-model")
     assert caught.value.status_code == 400 and "store" in caught.value.error
+
+
+def test_with_an_api_key_only_the_probe_is_open(serve, engine):
+    keyed = serve(engine, api_key="secret-key")
+    assert raw(keyed, "GET", "/") == (200, "Ollama is running")
+    with pytest.raises(ollama.ResponseError) as caught:
+        ollama.Client(host=keyed.url, timeout=10).list()
+    assert caught.value.status_code == 401 and "API key" in caught.value.error
+    keyed_client = ollama.Client(host=keyed.url, headers={"Authorization": "Bearer secret-key"}, timeout=10)
+    assert [m.model for m in keyed_client.list().models] == [MODEL]
