@@ -129,6 +129,9 @@ def test_pull_errors_are_ollama_shaped(client: ollama.Client) -> None:
     assert caught.value.status_code == 404 and "pull model manifest" in caught.value.error
     with pytest.raises(ollama.ResponseError):  # a hub repository, but the hub is unreachable: an error line
         list(client.pull("someone/some-model", stream=True))
+    with pytest.raises(ollama.ResponseError) as caught:  # the upstream's fault, not the request's
+        client.pull("someone/some-model", stream=False)
+    assert caught.value.status_code == 502
 
 
 def _openai_tool_history() -> list[dict]:

@@ -226,8 +226,7 @@ def _decode_options(options: dict) -> SamplingParams:
     def field(name: str) -> str:
         return f"options.{name}"
 
-    knobs = sampling_fields({k: options.get(k) for k in ("temperature", "top_p", "top_k")},
-                            "temperature", "top_p", "top_k")
+    knobs = sampling_fields(options, "temperature", "top_p", "top_k")
     # num_ctx is accepted but not applied: the window is the daemon's (--context-length), shared by all clients
     optional(options, "num_ctx", "integer", field("num_ctx"))
     return SamplingParams(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -234,3 +235,14 @@ def test_with_an_api_key_only_the_probe_is_open(serve, engine):
     assert caught.value.status_code == 401 and "API key" in caught.value.error
     keyed_client = ollama.Client(host=keyed.url, headers={"Authorization": "Bearer secret-key"}, timeout=10)
     assert [m.model for m in keyed_client.list().models] == [MODEL]
+
+
+def test_a_client_that_hangs_up_mid_stream_aborts_the_request(client, engine):
+    engine.script(text_events(*["tok"] * 50), delay=0.05)
+    chunks = client.chat(model=MODEL, messages=USER, stream=True)
+    assert next(chunks).message.content == "tok"
+    chunks.close()  # leaves the client's response context: the connection closes
+    deadline = time.monotonic() + 5
+    while not engine.aborted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.aborted == [engine.submitted[-1].id]
