@@ -83,6 +83,14 @@ def resolve_model(settings: Settings, progress=None) -> Served:
     return Served(name=stored.name, path=stored.path, created=int(stored.manifest.added_at))
 
 
+def model_library(settings: Settings):
+    """The store as the API layer sees it (the Ollama API's /api/tags and /api/pull)."""
+    from zllm.models import ModelStore
+    from zllm.models.library import StoreLibrary
+
+    return StoreLibrary(ModelStore(settings.models_dir))
+
+
 def resolve_draft_model(settings: Settings) -> Settings:
     """Settings whose draft_model (a store name, alias or path) is a model directory."""
     from zllm.models import ModelStore
@@ -140,7 +148,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         control.attach(engine, describe_model(engine, served))
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket)
+        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket,
+                         library=model_library(settings))
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked

@@ -23,10 +23,12 @@ from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import auth_middleware
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
+from zllm.api.ollama import routes as ollama_routes
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_HEARTBEAT_S
 from zllm.canonical import EngineClient
+from zllm.canonical.library import ModelLibrary
 from zllm.store import ResponseStore
 
 log = logging.getLogger("zllm.api")
@@ -58,9 +60,11 @@ def create_app(
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
     websocket: bool = True,
+    library: ModelLibrary | None = None,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
-    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426)."""
+    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
+    `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls)."""
     middlewares = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
@@ -71,6 +75,7 @@ def create_app(
     openai_chat_routes.add_routes(app)
     openai_responses_routes.add_routes(app, store=responses, websocket=websocket)
     anthropic_messages_routes.add_routes(app)
+    ollama_routes.add_routes(app, library=library)
     return app
 
 

@@ -1,7 +1,8 @@
 """API keys: the auth middleware, and the cache namespace derived from the key a client presents.
 
 Clients send the key as `Authorization: Bearer K` (OpenAI SDKs, and the Anthropic SDK too) or `x-api-key: K`
-(Claude Code). Both are accepted on every route. `/health` and `/healthz` stay open for probes.
+(Claude Code). Both are accepted on every route. `/health`, `/healthz` and `/` (Ollama clients' "is it
+running" probe) stay open.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from zllm.api.errors import Unauthorized
 
-PUBLIC_PATHS = frozenset({"/health", "/healthz"})
+PUBLIC_PATHS = frozenset({"/health", "/healthz", "/"})
 
 
 def presented_keys(request: web.Request) -> list[str]:
