@@ -140,7 +140,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         control.attach(engine, describe_model(engine, served))
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket)
+        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket,
+                         compaction_key=install_key(settings))
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
@@ -207,6 +208,13 @@ def open_response_store(settings: Settings):
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+def install_key(settings: Settings) -> bytes:
+    """The key that signs compaction items (state_dir/install.key): items made before a restart still open."""
+    from zllm.store.install_key import load_or_create_key
+
+    return load_or_create_key(settings.state_dir / "install.key")
 
 
 def run(settings: Settings, progress_factory=None) -> None:
