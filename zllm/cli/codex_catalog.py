@@ -3,16 +3,19 @@ Codex warns "Model metadata for `…` not found. Defaulting to fallback metadata
 sends a prompt built for OpenAI's models.
 
     {"models": [{"slug": "qwen3-8b", "context_window": 32768, "auto_compact_token_limit": 26214,
-                 "shell_type": "shell_command", "apply_patch_tool_type": "function", "use_responses_lite": false,
+                 "shell_type": "shell_command", "apply_patch_tool_type": "freeform", "use_responses_lite": false,
                  "input_modalities": ["text"], "base_instructions": "You are a coding agent …", …}]}
 
-One entry, in the shape of Codex's `ModelInfo` (codex-rs/protocol openai_models.rs; Codex 0.14x-0.17x read
-the fields below and ignore the ones they do not know). What it tells Codex, and why:
+One entry, in the shape of Codex's `ModelInfo` (codex-rs/protocol openai_models.rs). Codex ignores fields it
+does not know but refuses the whole file, and will not start, on a value it does not know (0.171 knows only
+`freeform` for `apply_patch_tool_type`). Checked with Codex 0.171.0 against `zllm serve`: the fallback warning
+is gone, and its first request shrank from 8,372 prompt tokens (40 KB) to 4,548 (22 KB). What it tells
+Codex, and why:
 
 * the real window, and when to compact: at `COMPACT_AT` of it, leaving room for the summary zllm writes;
-* plain tools a small model can call: one `shell_command` function, `apply_patch` as a JSON function, no
-  code mode, no multi-agent tools, no hosted search; `use_responses_lite: false`, so the tools come in the
-  request's `tools`, not as `additional_tools` items;
+* tools a small model can call: a shell, `apply_patch` as a freeform tool (zllm offers it to the model as
+  a function with one string argument), no code mode, no hosted search; `use_responses_lite: false`, so
+  the tools come in the request's `tools`, not as `additional_tools` items;
 * text only (Codex then never attaches images), no reasoning summaries or verbosity parameter;
 * tool output truncated to a share of the window, and short base instructions instead of the long ones
   written for OpenAI's models (which alone fill a quarter of an 8K window).
@@ -57,7 +60,7 @@ def catalog_entry(model: str, context_length: int | None) -> dict:
         "reasoning_summary_format": "none",
         "support_verbosity": False,
         "default_verbosity": None,
-        "apply_patch_tool_type": "function",
+        "apply_patch_tool_type": "freeform",
         "web_search_tool_type": "text",
         "truncation_policy": {"mode": "tokens", "limit": truncation_limit(context_length)},
         "supports_parallel_tool_calls": False,

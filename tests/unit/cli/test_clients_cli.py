@@ -111,7 +111,7 @@ def test_the_codex_catalog_entry_has_the_window_plain_tools_and_no_responses_lit
     (entry,) = json.loads(catalog.read_text())["models"]
     assert (entry["slug"], entry["context_window"], entry["max_context_window"]) == ("qwen3-8b", 32768, 32768)
     assert entry["auto_compact_token_limit"] == 26214  # compacts with room left for the summary
-    assert (entry["shell_type"], entry["apply_patch_tool_type"], entry["tool_mode"]) == ("shell_command", "function",
+    assert (entry["shell_type"], entry["apply_patch_tool_type"], entry["tool_mode"]) == ("shell_command", "freeform",
                                                                                           None)
     assert entry["use_responses_lite"] is False and entry["input_modalities"] == ["text"]
     assert entry["truncation_policy"] == {"mode": "tokens", "limit": 4096}
