@@ -1,7 +1,8 @@
 """Codex-style compaction through a real daemon and the openai SDK: a conversation compacted (the summary
 request itself served from the prefix cache), continued from the compaction item, then the daemon restarted
 and continued again: the item still opens (the install key is kept in the state dir) and the compacted
-prefix comes from the cache each turn after its first (device tier, then the SSD tier after the restart)."""
+prefix comes from the cache each turn after its first (device tier, then the SSD tier after the restart);
+then the streamed `compaction_trigger` form."""
 
 from __future__ import annotations
 
@@ -70,24 +71,22 @@ def test_compacted_continued_restarted_and_continued_with_cache_hits(tiny_data_d
 
     daemon = start(tiny_data_dir, tmp_path)
     try:
-        _, prompt, cached = turn(sdk(daemon), [*after, user("Commit it.")])
-        assert first_prompt <= cached < prompt and logged(daemon, "cached (ssd)")
-    finally:
-        daemon.stop()
-
-
-@pytest.mark.timeout(180)
-def test_a_streamed_trigger_over_the_real_model(tiny_data_dir: Path, tmp_path: Path) -> None:
-    daemon = start(tiny_data_dir, tmp_path)
-    try:
         client = sdk(daemon)
-        events = list(client.responses.create(model=TINY, stream=True, store=False, **GREEDY,
-                                              input=[DEVELOPER, user("Add a test."), {"type": "compaction_trigger"}]))
-        completed = events[-1].response
-        assert events[-1].type == "response.completed" and [i.type for i in completed.output] == ["compaction"]
-        item = completed.output[0].model_dump(exclude_none=True)
-        follow_up = client.responses.create(model=TINY, input=[item, user("Go on.")], store=False, **GREEDY)
-        # the summary came back in as the conversation's start (its fixed header alone is some 30 tokens)
-        assert follow_up.status in ("completed", "incomplete") and follow_up.usage.input_tokens > 30
+        _, prompt, cached = turn(client, [*after, user("Commit it.")])
+        assert first_prompt <= cached < prompt and logged(daemon, "cached (ssd)")
+        streamed_trigger_then_a_turn(client)
     finally:
         daemon.stop()
+
+
+def streamed_trigger_then_a_turn(client: openai.OpenAI) -> None:
+    """Codex's newer form: `compaction_trigger` ends the input; one compaction item comes back, and the next
+    turn starts from it."""
+    events = list(client.responses.create(model=TINY, stream=True, store=False, **GREEDY,
+                                          input=[DEVELOPER, user("Add a test."), {"type": "compaction_trigger"}]))
+    completed = events[-1].response
+    assert events[-1].type == "response.completed" and [i.type for i in completed.output] == ["compaction"]
+    item = completed.output[0].model_dump(exclude_none=True)
+    follow_up = client.responses.create(model=TINY, input=[item, user("Go on.")], store=False, **GREEDY)
+    # the summary came back in as the conversation's start (its fixed header alone is some 30 tokens)
+    assert follow_up.status in ("completed", "incomplete") and follow_up.usage.input_tokens > 30
