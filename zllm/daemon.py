@@ -131,6 +131,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     try:
+        compaction_key = install_key(settings)  # before the weights too: a damaged key file fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
@@ -141,7 +142,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket,
-                         compaction_key=install_key(settings))
+                         compaction_key=compaction_key)
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
