@@ -174,7 +174,8 @@ class _Conversation:
 
     def _compaction(self, item: dict, param: str) -> None:
         if self.seal is None:
-            raise InvalidRequest("compaction items are not accepted here", param=f"{param}.type")
+            raise InvalidRequest("a compaction item can be read only by the zllm daemon that made it",
+                                 param=f"{param}.type")
         self._append(self.seal.expand(item.get("encrypted_content"), f"{param}.encrypted_content"))
 
     def _compaction_trigger(self, _item: dict, param: str) -> None:
