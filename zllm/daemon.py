@@ -139,6 +139,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     try:
+        compaction_key = install_key(settings)  # before the weights too: a damaged key file fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
@@ -149,7 +150,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket,
-                         library=model_library(settings))
+                         library=model_library(settings), compaction_key=compaction_key)
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
@@ -216,6 +217,13 @@ def open_response_store(settings: Settings):
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+def install_key(settings: Settings) -> bytes:
+    """The key that signs compaction items (state_dir/install.key): items made before a restart still open."""
+    from zllm.store.install_key import load_or_create_key
+
+    return load_or_create_key(settings.state_dir / "install.key")
 
 
 def run(settings: Settings, progress_factory=None) -> None:

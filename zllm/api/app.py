@@ -61,10 +61,12 @@ def create_app(
     responses: ResponseStore | None = None,
     websocket: bool = True,
     library: ModelLibrary | None = None,
+    compaction_key: bytes | None = None,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
     passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
-    `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls)."""
+    `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
+    `compaction_key`: signs Responses compaction items (None: a key for this app's life only)."""
     middlewares = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
@@ -73,7 +75,7 @@ def create_app(
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
-    openai_responses_routes.add_routes(app, store=responses, websocket=websocket)
+    openai_responses_routes.add_routes(app, store=responses, websocket=websocket, compaction_key=compaction_key)
     anthropic_messages_routes.add_routes(app)
     ollama_routes.add_routes(app, library=library)
     return app

@@ -6,7 +6,10 @@ client with them (CLIENTS.md has what each client needs).
     export ANTHROPIC_AUTH_TOKEN=zllm
     export ANTHROPIC_MODEL=smollm2
     export CLAUDE_CODE_MAX_CONTEXT_TOKENS=8192
+    export CLAUDE_CODE_AUTO_COMPACT_WINDOW=8192
+    export CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=80
     export CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024
+    export DISABLE_AUTO_COMPACT=1             # only for windows too small for Claude Code's compaction
     unset ANTHROPIC_API_KEY
     $ zllm claude -- -p "say hi" --bare        # exec claude with that environment
 
@@ -14,8 +17,13 @@ client with them (CLIENTS.md has what each client needs).
     $ zllm codex --toml >> ~/.codex/config.toml
     $ zllm codex -- exec "say hi"              # exec codex -c model_provider="zllm" -c … exec "say hi"
 
+Each `zllm codex` also writes the model's Codex catalog entry (state dir, codex-catalog.json; see
+codex_catalog.py) and points `model_catalog_json` at it, so Codex knows the window, when to compact and which
+tools to give the model.
+
 Codex speaks only the Responses API (`wire_api = "responses"`, base URL with `/v1`); Claude Code appends
-`/v1/messages` itself (base URL without `/v1`). The context window tells each client when to compact.
+`/v1/messages` itself (base URL without `/v1`). The context window tells each client when to compact: Codex from the catalog entry (and
+`model_auto_compact_token_limit`), Claude Code from its window variables (`claude_env`).
 Where the daemon is comes from the settings (flags of `serve`, ZLLM_* variables, the config file) and the
 model's manifest; `served_endpoint(ask_daemon=…)` is the seam for asking a running daemon instead.
 """
@@ -29,10 +37,12 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 from rich.markup import escape
 
+from zllm.cli.codex_catalog import auto_compact_limit, write_catalog
 from zllm.cli.output import err, fail, fail_with, print_json
 from zllm.config import Settings, load_settings
 from zllm.errors import ZllmError
@@ -41,6 +51,11 @@ from zllm.errors import ZllmError
 PLACEHOLDER_KEY = "zllm"
 CODEX_PROVIDER = "zllm"
 CODEX_KEY_ENV = "ZLLM_API_KEY"
+CODEX_CATALOG_FILE = "codex-catalog.json"
+# Claude Code compacts at (window - reserved output) - AUTOCOMPACT_BUFFER tokens, or at CLAUDE_COMPACT_PERCENT
+# of (window - reserved output) when that comes first
+CLAUDE_AUTOCOMPACT_BUFFER = 13_000
+CLAUDE_COMPACT_PERCENT = 80
 # a real Anthropic key in the environment would be sent to the local daemon next to ours
 CLAUDE_UNSET = ("ANTHROPIC_API_KEY",)
 INSTALL_HINTS = {
@@ -92,9 +107,29 @@ def claude_env(ep: ServedEndpoint) -> dict[str, str]:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     if ep.context_length:
-        env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(ep.context_length)
-        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(output_budget(ep.context_length))
+        env.update(claude_window_env(ep.context_length))
     return env
+
+
+def claude_window_env(context_length: int) -> dict[str, str]:
+    """The window, the output reservation and when to compact. Claude Code keeps a fixed buffer below its
+    usable window (the window less the output reservation); in a window too small for that buffer it would
+    compact before every turn, so there automatic compaction is off (`/compact` still works, and zllm
+    answers an overlong prompt with the "prompt is too long" error Claude Code tells the user about)."""
+    output = output_budget(context_length)
+    env = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(context_length),
+           "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(context_length),
+           "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(CLAUDE_COMPACT_PERCENT),
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(output)}
+    if claude_compact_threshold(context_length) < context_length // 4:
+        env["DISABLE_AUTO_COMPACT"] = "1"
+    return env
+
+
+def claude_compact_threshold(context_length: int) -> int:
+    """The prompt size (tokens) at which Claude Code compacts, given `claude_window_env`."""
+    usable = context_length - min(output_budget(context_length), 20_000)
+    return min(usable - CLAUDE_AUTOCOMPACT_BUFFER, usable * CLAUDE_COMPACT_PERCENT // 100)
 
 
 def output_budget(context_length: int) -> int:
@@ -103,27 +138,32 @@ def output_budget(context_length: int) -> int:
     return min(32000, max(context_length // 8, min(1024, context_length // 2)))
 
 
-def codex_config(ep: ServedEndpoint) -> tuple[dict[str, object], dict[str, str]]:
-    """(top-level settings, the `[model_providers.zllm]` table) for ~/.codex/config.toml."""
+def codex_config(ep: ServedEndpoint, catalog: Path | None = None) -> tuple[dict[str, object], dict[str, str]]:
+    """(top-level settings, the `[model_providers.zllm]` table) for ~/.codex/config.toml. `catalog`: the
+    model's catalog file (`write_catalog`)."""
     top: dict[str, object] = {"model": ep.model, "model_provider": CODEX_PROVIDER}
+    if catalog is not None:
+        top["model_catalog_json"] = str(catalog)
     if ep.context_length:
+        # also in the catalog entry; repeated here for a Codex that cannot read the catalog
         top["model_context_window"] = ep.context_length
+        top["model_auto_compact_token_limit"] = auto_compact_limit(ep.context_length)
     provider = {"name": CODEX_PROVIDER, "base_url": f"{ep.base_url}/v1", "wire_api": "responses",
                 "env_key": CODEX_KEY_ENV}
     return top, provider
 
 
-def codex_toml(ep: ServedEndpoint) -> str:
-    top, provider = codex_config(ep)
+def codex_toml(ep: ServedEndpoint, catalog: Path | None = None) -> str:
+    top, provider = codex_config(ep, catalog)
     lines = [f"{key} = {_toml(value)}" for key, value in top.items()]
     lines += ["", f"[model_providers.{CODEX_PROVIDER}]"]
     lines += [f"{key} = {_toml(value)}" for key, value in provider.items()]
     return "\n".join(lines) + "\n"
 
 
-def codex_overrides(ep: ServedEndpoint) -> list[str]:
+def codex_overrides(ep: ServedEndpoint, catalog: Path | None = None) -> list[str]:
     """The same config as `codex -c key=value` arguments (values are TOML)."""
-    top, provider = codex_config(ep)
+    top, provider = codex_config(ep, catalog)
     pairs = [*top.items(), *((f"model_providers.{CODEX_PROVIDER}.{k}", v) for k, v in provider.items())]
     return [arg for key, value in pairs for arg in ("-c", f"{key}={_toml(value)}")]
 
@@ -133,7 +173,7 @@ def claude(
     args: list[str] = typer.Argument(None, help="Run claude with these arguments (after `--`) instead of printing."),
 ) -> None:
     """Print the environment that points Claude Code at zllm, or run `claude -- ARGS` with it."""
-    ep = _endpoint()
+    _, ep = _endpoint()
     env = claude_env(ep)
     if args:
         _refuse_print_flags(as_json, "claude")
@@ -154,35 +194,54 @@ def codex(
     toml: bool = typer.Option(False, "--toml", help="Print only the ~/.codex/config.toml snippet."),
     args: list[str] = typer.Argument(None, help="Run codex with these arguments (after `--`) instead of printing."),
 ) -> None:
-    """Print the config that points Codex at zllm, or run `codex -- ARGS` with it (as -c overrides)."""
-    ep = _endpoint()
+    """Print the config that points Codex at zllm, or run `codex -- ARGS` with it (as -c overrides). Either way
+    the model's catalog entry is written first (the config points at it)."""
+    settings, ep = _endpoint()
     env = {CODEX_KEY_ENV: ep.api_key}
     if args:
         _refuse_print_flags(as_json or toml, "codex")
-        _exec("codex", [*codex_overrides(ep), *args], env)
+    catalog = _write_codex_catalog(settings, ep)
+    if args:
+        _exec("codex", [*codex_overrides(ep, catalog), *args], env)
     _warn_unknown_window(ep)
     if toml:
-        sys.stdout.write(codex_toml(ep))
+        sys.stdout.write(codex_toml(ep, catalog))
         return
     if as_json:
-        top, provider = codex_config(ep)
+        top, provider = codex_config(ep, catalog)
         print_json({"client": "codex", **_describe(ep), "env": env, "config": {**top, "model_providers": {
-            CODEX_PROVIDER: provider}}, "overrides": codex_overrides(ep), "toml": codex_toml(ep)})
+            CODEX_PROVIDER: provider}}, "overrides": codex_overrides(ep, catalog), "toml": codex_toml(ep, catalog),
+            "catalog": str(catalog)})
         return
     lines = [f"# Codex → zllm at {ep.base_url}/v1 ({_model_note(ep)})",
+             f"# model catalog entry written to {catalog}",
              f"export {CODEX_KEY_ENV}={shlex.quote(ep.api_key)}",
              "# add to ~/.codex/config.toml (or: zllm codex --toml >> ~/.codex/config.toml):",
-             *(f"#   {line}" if line else "#" for line in codex_toml(ep).splitlines()),
-             "# or pass it per run:  codex " + " ".join(shlex.quote(arg) for arg in codex_overrides(ep)),
+             *(f"#   {line}" if line else "#" for line in codex_toml(ep, catalog).splitlines()),
+             "# or pass it per run:  codex " + " ".join(shlex.quote(arg) for arg in codex_overrides(ep, catalog)),
              '# or let zllm do that:  zllm codex -- exec "say hi"']
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def _endpoint() -> ServedEndpoint:
+def _endpoint() -> tuple[Settings, ServedEndpoint]:
     try:
-        return served_endpoint(load_settings(), ask_daemon=_from_daemon)
+        settings = load_settings()
+        return settings, served_endpoint(settings, ask_daemon=_from_daemon)
     except ZllmError as exc:
         fail_with(exc)
+
+
+def codex_catalog_path(settings: Settings) -> Path:
+    return settings.state_dir / CODEX_CATALOG_FILE
+
+
+def _write_codex_catalog(settings: Settings, ep: ServedEndpoint) -> Path:
+    path = codex_catalog_path(settings)
+    try:
+        return write_catalog(path, ep.model, ep.context_length)
+    except OSError as exc:
+        fail(f"cannot write the Codex model catalog {path}: {exc.strerror}",
+             hint="set ZLLM_STATE_DIR to a directory you can write")
 
 
 def _from_daemon(settings: Settings) -> ServedEndpoint | None:

@@ -38,7 +38,8 @@ def cli() -> typer.Typer:
 @pytest.fixture()
 def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     (tmp_path / "config.toml").write_text("")  # no user config file leaks in
-    env = {"ZLLM_DATA_DIR": str(tmp_path / "data"), "ZLLM_MODEL": "qwen3-8b", "ZLLM_PORT": "12345",
+    env = {"ZLLM_DATA_DIR": str(tmp_path / "data"), "ZLLM_STATE_DIR": str(tmp_path / "state"),
+           "ZLLM_MODEL": "qwen3-8b", "ZLLM_PORT": "12345",
            "ZLLM_CONTEXT_LENGTH": "8192", "ZLLM_HOST": "127.0.0.1", "ZLLM_CONFIG": str(tmp_path / "config.toml")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -93,11 +94,52 @@ def test_the_output_budget_fits_the_window(window: int, budget: int) -> None:
     assert clients.output_budget(window) == budget
 
 
-def test_codex_toml_is_a_responses_provider(settings_env: dict[str, str]) -> None:
+def test_codex_toml_is_a_responses_provider_with_the_model_catalog(settings_env: dict[str, str]) -> None:
     config = tomllib.loads(invoke("codex", "--toml").stdout)
-    assert config == {"model": "qwen3-8b", "model_provider": "zllm", "model_context_window": 8192,
+    catalog = Path(settings_env["ZLLM_STATE_DIR"]) / "codex-catalog.json"
+    assert config == {"model": "qwen3-8b", "model_provider": "zllm", "model_catalog_json": str(catalog),
+                      "model_context_window": 8192, "model_auto_compact_token_limit": 6553,
                       "model_providers": {"zllm": {"name": "zllm", "base_url": "http://127.0.0.1:12345/v1",
                                                    "wire_api": "responses", "env_key": "ZLLM_API_KEY"}}}
+    assert json.loads(catalog.read_text())["models"][0]["slug"] == "qwen3-8b"
+
+
+def test_the_codex_catalog_entry_has_the_window_plain_tools_and_no_responses_lite(settings_env: dict[str, str],
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZLLM_CONTEXT_LENGTH", "32768")
+    catalog = Path(json.loads(invoke("codex", "--json").stdout)["catalog"])
+    (entry,) = json.loads(catalog.read_text())["models"]
+    assert (entry["slug"], entry["context_window"], entry["max_context_window"]) == ("qwen3-8b", 32768, 32768)
+    assert entry["auto_compact_token_limit"] == 26214  # compacts with room left for the summary
+    assert (entry["shell_type"], entry["apply_patch_tool_type"], entry["tool_mode"]) == ("shell_command", "freeform",
+                                                                                          None)
+    assert entry["use_responses_lite"] is False and entry["input_modalities"] == ["text"]
+    assert entry["truncation_policy"] == {"mode": "tokens", "limit": 4096}
+    assert entry["base_instructions"] and entry["supports_search_tool"] is False
+
+
+def test_an_unknown_window_leaves_it_out_of_the_catalog(settings_env: dict[str, str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZLLM_CONTEXT_LENGTH")
+    data = json.loads(invoke("codex", "--json").stdout)
+    (entry,) = json.loads(Path(data["catalog"]).read_text())["models"]
+    assert "context_window" not in entry and "auto_compact_token_limit" not in entry
+    assert "model_context_window" not in data["config"] and data["config"]["model_catalog_json"] == data["catalog"]
+
+
+@pytest.mark.parametrize(("window", "compacts_at"), [(32768, 15672), (131072, 91750), (200_000, 144000)])
+def test_claude_compacts_before_the_window_fills(window: int, compacts_at: int) -> None:
+    env = clients.claude_window_env(window)
+    assert (env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"], env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"]) == (str(window),) * 2
+    assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "80" and "DISABLE_AUTO_COMPACT" not in env
+    assert clients.claude_compact_threshold(window) == compacts_at
+    assert compacts_at + int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) < window
+
+
+@pytest.mark.parametrize("window", [8192, 16384])
+def test_a_window_too_small_for_claude_codes_buffer_turns_auto_compaction_off(window: int) -> None:
+    # Claude Code would otherwise compact before every turn (its threshold is below a quarter of the window)
+    assert clients.claude_window_env(window)["DISABLE_AUTO_COMPACT"] == "1"
 
 
 def test_codex_text_and_json_say_the_same(settings_env: dict[str, str]) -> None:
@@ -153,8 +195,11 @@ def test_codex_runs_with_config_overrides(settings_env: dict[str, str], fake_cli
     assert result.returncode == 7, result.stderr
     seen = json.loads(record.read_text())
     assert seen["argv"][-2:] == ["exec", "say hi"]
-    assert seen["argv"][:-2] == clients.codex_overrides(clients.served_endpoint(clients.load_settings(settings_env)))
+    settings = clients.load_settings(settings_env)
+    catalog = clients.codex_catalog_path(settings)
+    assert seen["argv"][:-2] == clients.codex_overrides(clients.served_endpoint(settings), catalog)
     assert 'model_providers.zllm.wire_api="responses"' in seen["argv"]
+    assert f'model_catalog_json="{catalog}"' in seen["argv"] and catalog.is_file()  # written before codex ran
     assert seen["env"]["ZLLM_API_KEY"] == "zllm"
 
 

@@ -13,6 +13,7 @@ import logging
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from zllm.api.openai_responses.compaction import CompactionSeal
 from zllm.errors import ZllmError
 from zllm.store import ResponseStore, StoredResponse
 
@@ -82,9 +83,13 @@ class ConnectionResponses:
 
 
 class ResponseChain:
-    def __init__(self, store: BackgroundStore, connection: ConnectionResponses | None = None):
+    """What a turn continues from: a previous response, or (`seal`) the compaction items of its input."""
+
+    def __init__(self, store: BackgroundStore, connection: ConnectionResponses | None = None,
+                 seal: CompactionSeal | None = None):
         self.store = store
         self.connection = connection
+        self.seal = seal
 
     async def previous(self, response_id: str | None, namespace: str) -> StoredResponse | None:
         """The response a turn continues; raises `PreviousResponseNotFound` for an unknown id, and for one

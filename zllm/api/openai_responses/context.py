@@ -5,10 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from zllm.api.openai_responses.chain import BackgroundStore
+from zllm.api.openai_responses.compaction import CompactionSeal
 from zllm.api.openai_responses.in_flight import InFlightResponses
 
 RESPONSES = web.AppKey("zllm.responses.store", BackgroundStore)
 IN_FLIGHT = web.AppKey("zllm.responses.in_flight", InFlightResponses)
+SEAL = web.AppKey("zllm.responses.compaction_seal", CompactionSeal)
 
 
 def store_of(request: web.Request) -> BackgroundStore:
@@ -17,3 +19,7 @@ def store_of(request: web.Request) -> BackgroundStore:
 
 def in_flight_of(request: web.Request) -> InFlightResponses:
     return request.app[IN_FLIGHT]
+
+
+def seal_of(request: web.Request) -> CompactionSeal:
+    return request.app[SEAL]

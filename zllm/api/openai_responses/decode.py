@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from zllm.api.fields import check_type, decode_model, optional, sampling_fields
 from zllm.api.openai_responses import wire
+from zllm.api.openai_responses.compaction import CompactionSeal
 from zllm.api.openai_responses.items import (
     DecodedInput,
     decode_input,
@@ -70,14 +71,15 @@ class Plan:
     tools: ToolSet
 
 
-def decode_responses_request(body: dict) -> ResponsesCall:
+def decode_responses_request(body: dict, *, seal: CompactionSeal | None = None) -> ResponsesCall:
+    """`seal` opens the `compaction` items of `input` (compaction.py)."""
     _reject_unsupported(body)
     include = optional(body, "include", "array") or []
     instructions = optional(body, "instructions", "string")
     raw_tools = optional(body, "tools", "array") or []
     return ResponsesCall(
         model=decode_model(body),
-        input=decode_input(body.get("input")),
+        input=decode_input(body.get("input"), seal=seal),
         instructions=instructions or None,
         tools_json=tuple((tool, f"tools[{i}]") for i, tool in enumerate(raw_tools)),
         tool_choice_json=body.get("tool_choice"),

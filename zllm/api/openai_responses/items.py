@@ -13,9 +13,12 @@ turn and a client that echoes the items back see the same conversation).
   → system "Be brief." · user "ls?" · assistant(reasoning "use exec", tool_calls [exec_command, apply_patch])
     · tool(call_1) "a.txt" · tool(call_2) "ok"        + the additional tools, declared for the request
 
+A `compaction` item (ours: see compaction.py) becomes the user message holding its summary; a final
+`compaction_trigger` item asks for this turn to write one (`DecodedInput.compaction_trigger`).
+
 Consecutive reasoning / assistant message / call items form one assistant message (that is how one model
 turn is written out). Item `id`s and `status` are ignored. Item types zllm has no use for (hosted tool
-calls, compaction, …) are skipped with a log line.
+calls, …) are skipped with a log line.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from dataclasses import dataclass, field, replace
 
 from zllm.api.fields import check_type, json_type_name, optional, required
 from zllm.api.openai_responses import wire
+from zllm.api.openai_responses.compaction import (
+    COMPACTION,
+    COMPACTION_SUMMARY,
+    COMPACTION_TRIGGER,
+    CompactionSeal,
+)
 from zllm.api.openai_responses.tools import custom_arguments, qualified_name
 from zllm.canonical import Message, ToolCall
 from zllm.errors import InvalidRequest
@@ -39,16 +48,21 @@ class DecodedInput:
     messages: tuple[Message, ...]
     # tools declared by `additional_tools` items: (tool JSON, param path)
     tools: tuple[tuple[dict, str], ...] = ()
+    compaction_trigger: bool = False  # the last item was `compaction_trigger`: summarize, do not answer
 
 
-def decode_input(raw: object, param: str = "input") -> DecodedInput:
+def decode_input(raw: object, param: str = "input", *, seal: CompactionSeal | None = None) -> DecodedInput:
+    """`seal` opens `compaction` items; without one they are refused."""
     if raw is None:
         return DecodedInput(())
     if isinstance(raw, str):
         return DecodedInput((Message("user", raw),))
     items = check_type(raw, "array", param)
-    conversation = _Conversation()
+    conversation = _Conversation(seal=seal)
     for i, item in enumerate(items):
+        if conversation.compaction_trigger:
+            raise InvalidRequest("a compaction_trigger item must be the last input item",
+                                 param=f"{param}[{i - 1}]")
         conversation.add_item(check_type(item, "object", f"{param}[{i}]"), f"{param}[{i}]")
     return conversation.result()
 
@@ -81,6 +95,8 @@ def _decode_encrypted_reasoning(value: object) -> str | None:
 
 @dataclass
 class _Conversation:
+    seal: CompactionSeal | None = None
+    compaction_trigger: bool = False
     messages: list[Message] = field(default_factory=list)
     tools: list[tuple[dict, str]] = field(default_factory=list)
     # the assistant turn being assembled from consecutive items
@@ -90,7 +106,7 @@ class _Conversation:
 
     def result(self) -> DecodedInput:
         self._flush_assistant()
-        return DecodedInput(tuple(self.messages), tuple(self.tools))
+        return DecodedInput(tuple(self.messages), tuple(self.tools), self.compaction_trigger)
 
     def add_item(self, item: dict, param: str) -> None:
         kind = optional(item, "type", "string", f"{param}.type") or (wire.MESSAGE if "role" in item else None)
@@ -156,6 +172,18 @@ class _Conversation:
         tools = required(item, "tools", "array", f"{param}.tools")
         self.tools.extend((tool, f"{param}.tools[{j}]") for j, tool in enumerate(tools))
 
+    def _compaction(self, item: dict, param: str) -> None:
+        if self.seal is None:
+            raise InvalidRequest("a compaction item can be read only by the zllm daemon that made it",
+                                 param=f"{param}.type")
+        self._append(self.seal.expand(item.get("encrypted_content"), f"{param}.encrypted_content"))
+
+    def _compaction_trigger(self, _item: dict, param: str) -> None:
+        if self.seal is None:
+            raise InvalidRequest("compaction is not available here", param=f"{param}.type")
+        self._flush_assistant()
+        self.compaction_trigger = True
+
     def _append(self, message: Message) -> None:
         self._flush_assistant()
         self.messages.append(message)
@@ -180,6 +208,9 @@ _HANDLERS = {
     wire.FUNCTION_CALL_OUTPUT: _Conversation._call_output,
     wire.CUSTOM_TOOL_CALL_OUTPUT: _Conversation._call_output,
     wire.ADDITIONAL_TOOLS: _Conversation._additional_tools,
+    COMPACTION: _Conversation._compaction,
+    COMPACTION_SUMMARY: _Conversation._compaction,  # Codex's older name for the same item
+    COMPACTION_TRIGGER: _Conversation._compaction_trigger,
 }
 
 

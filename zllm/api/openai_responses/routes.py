@@ -6,6 +6,9 @@
     GET    /v1/responses/{id}   → the stored response object (404 for unknown ids and other API keys' ones)
     DELETE /v1/responses/{id}   → {"id": …, "object": "response", "deleted": true}
     POST   /v1/responses/{id}/cancel → the response object, status "cancelled" (see `cancel_response`)
+    POST   /v1/responses/compact → {"object": "response.compaction", "output": [… a `compaction` item]}
+                                  (compact.py; an input ending in `compaction_trigger` compacts on POST
+                                  /v1/responses itself)
 
 Errors before the first event (bad body, unknown previous_response_id, unknown model, prompt too long) are
 plain HTTP errors in OpenAI's shape; the engine raises them from `submit`, so no broken stream is started.
@@ -25,7 +28,9 @@ from zllm.api.openai_responses.chain import (
     ResponseChain,
     ResponseNotFound,
 )
-from zllm.api.openai_responses.context import IN_FLIGHT, RESPONSES, in_flight_of, store_of
+from zllm.api.openai_responses.compact import compact
+from zllm.api.openai_responses.compaction import CompactionSeal
+from zllm.api.openai_responses.context import IN_FLIGHT, RESPONSES, SEAL, in_flight_of, seal_of, store_of
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.in_flight import InFlightResponses
 from zllm.api.openai_responses.turn import Turn, begin_turn, collect
@@ -42,14 +47,22 @@ PATH = "/v1/responses"
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = parse_json_object(await request.read())
     namespace = request_namespace(request)
-    turn = await begin_turn(body, engine=engine_of(request), chain=ResponseChain(store_of(request)),
-                            namespace=namespace)
+    chain = ResponseChain(store_of(request), seal=seal_of(request))
+    turn = await begin_turn(body, engine=engine_of(request), chain=chain, namespace=namespace)
     if turn.stream is None:  # `generate: false`: nothing runs, so nothing can be cancelled
         return await _send_prewarm(request, turn) if turn.call.stream else web.json_response(await collect(turn))
     with in_flight_of(request).track(turn, namespace):
         if not turn.call.stream:
             return web.json_response(await collect(turn))
         return await stream_sse(request, turn.stream, SseEvents(turn.encoder), heartbeat_s=heartbeat_of(request))
+
+
+@uses_error_shape(openai_error_body)
+async def compact_conversation(request: web.Request) -> web.Response:
+    body = parse_json_object(await request.read())
+    chain = ResponseChain(store_of(request), seal=seal_of(request))
+    return web.json_response(await compact(body, engine=engine_of(request), chain=chain,
+                                           namespace=request_namespace(request)))
 
 
 async def _send_prewarm(request: web.Request, turn: Turn) -> web.StreamResponse:
@@ -121,12 +134,15 @@ async def cancel_response(request: web.Request) -> web.Response:
     return web.json_response(record.response)
 
 
-def add_routes(app: web.Application, *, store: ResponseStore | None = None, websocket: bool = True) -> None:
+def add_routes(app: web.Application, *, store: ResponseStore | None = None, websocket: bool = True,
+               compaction_key: bytes | None = None) -> None:
     """`store=None`: an in-memory store that lives as long as the app (tests, and `store: true` without a
-    state dir). A store passed in belongs to the caller, who closes it after the app has shut down."""
+    state dir). A store passed in belongs to the caller, who closes it after the app has shut down.
+    `compaction_key`: the install's key that signs compaction items (None: one for this app's life only)."""
     owned = store is None
     background = BackgroundStore(ResponseStore.in_memory() if owned else store)
     app[RESPONSES] = background
+    app[SEAL] = CompactionSeal(compaction_key) if compaction_key else CompactionSeal.ephemeral()
     app[IN_FLIGHT] = InFlightResponses()
     sessions = WebSocketSessions.install(app, enabled=websocket)
 
@@ -138,6 +154,7 @@ def add_routes(app: web.Application, *, store: ResponseStore | None = None, webs
     app.on_shutdown.append(sessions.shutdown)
     app.on_cleanup.append(close_store)
     app.router.add_post(PATH, create_response)
+    app.router.add_post(PATH + "/compact", compact_conversation)  # before the {response_id} routes
     app.router.add_get(PATH, responses_websocket)
     app.router.add_get(PATH + "/{response_id}", retrieve_response)
     app.router.add_delete(PATH + "/{response_id}", delete_response)

@@ -18,6 +18,7 @@ from zllm import ids
 from zllm.api.collect import raise_unless_completed, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
+from zllm.api.openai_responses.compact import CompactionEventEncoder, summary_request
 from zllm.api.openai_responses.decode import (
     Plan,
     ResponsesCall,
@@ -28,7 +29,7 @@ from zllm.api.openai_responses.decode import (
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
-from zllm.canonical import EngineClient, Finished, RequestStream
+from zllm.canonical import EngineClient, Finished, Message, RequestStream
 from zllm.errors import ModelNotFound
 from zllm.store import StoredResponse
 
@@ -43,22 +44,28 @@ class Turn:
 
 
 async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, namespace: str) -> Turn:
-    call = decode_responses_request(body)
+    call = decode_responses_request(body, seal=chain.seal)
     previous = await chain.previous(call.previous_response_id, namespace)
     plan = plan_turn(call, previous)
     response_id, created_at = ids.new_id(wire.RESPONSE_ID), int(time.time())
+    compacting = call.input.compaction_trigger
 
     def record(response: dict) -> None:
-        chain.remember(_stored(response, plan, namespace, created_at), persist=call.store)
+        # a compaction replaces the history: a turn chained to it continues from the summary alone
+        history = () if compacting else plan.conversation
+        chain.remember(_stored(response, history, plan, namespace, created_at, chain), persist=call.store)
 
-    encoder = ResponseEventEncoder(
-        response_shell(response_id, model=call.model, created_at=created_at, echo=call.echo),
-        plan.tools, encrypted_reasoning=call.encrypted_reasoning, on_finish=record,
-    )
+    shell = response_shell(response_id, model=call.model, created_at=created_at, echo=call.echo)
+    if compacting:
+        encoder = CompactionEventEncoder(shell, plan.tools, seal=chain.seal, on_finish=record)
+    else:
+        encoder = ResponseEventEncoder(shell, plan.tools, encrypted_reasoning=call.encrypted_reasoning,
+                                       on_finish=record)
     if not call.generate:
         _check_model(engine, call.model)
         return Turn(call, encoder, None)
-    request = chat_request(call, plan, request_id=ids.request_id(), namespace=namespace)
+    build = summary_request if compacting else chat_request
+    request = build(call, plan, request_id=ids.request_id(), namespace=namespace)
     return Turn(call, encoder, await engine.submit(request))
 
 
@@ -92,15 +99,16 @@ def _check_model(engine: EngineClient, model: str) -> None:
         raise ModelNotFound(model, available=served)
 
 
-def _stored(response: dict, plan: Plan, namespace: str, created_at: int) -> StoredResponse:
+def _stored(response: dict, history: tuple[Message, ...], plan: Plan, namespace: str, created_at: int,
+            chain: ResponseChain) -> StoredResponse:
     # The output is read back with the same item decoder a client's echo goes through, so a chained turn
     # and a resent history yield the same canonical messages.
     return StoredResponse(
         id=response["id"],
         namespace=namespace,
         created_at=created_at,
-        input_messages=plan.conversation,
-        output_messages=decode_input(response["output"], "output").messages,
+        input_messages=history,
+        output_messages=decode_input(response["output"], "output", seal=chain.seal).messages,
         input_tools=plan.input_tools,
         response=response,
     )

@@ -34,7 +34,7 @@ from zllm.api.errors import (
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
-from zllm.api.openai_responses.context import in_flight_of, store_of
+from zllm.api.openai_responses.context import in_flight_of, seal_of, store_of
 from zllm.api.openai_responses.in_flight import InFlightResponses
 from zllm.api.openai_responses.turn import Turn, begin_turn
 from zllm.api.sse import CLIENT_GONE
@@ -77,7 +77,7 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
                                            "use POST /v1/responses")
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
     await ws.prepare(request)
-    chain = ResponseChain(store_of(request), ConnectionResponses())
+    chain = ResponseChain(store_of(request), ConnectionResponses(), seal=seal_of(request))
     session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request))
     sessions.open.add(session)
     try:

@@ -8,7 +8,8 @@ Request fields decoded (decode.py); every other field is accepted and ignored (C
     reasoning, metadata, user, prompt_cache_key, truncation, generate (WebSocket prewarm)
 
 Input items: message (roles developer/system/user/assistant), reasoning, function_call(+_output),
-custom_tool_call(+_output), additional_tools. Tools: function, namespace, custom; hosted tools are skipped.
+custom_tool_call(+_output), additional_tools, compaction (zllm's own, see compaction.py) and a final
+compaction_trigger (this turn writes one). Tools: function, namespace, custom; hosted tools are skipped.
 """
 
 from __future__ import annotations
