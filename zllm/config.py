@@ -119,6 +119,11 @@ class Settings:
         return self.data_dir / "models"
 
     @property
+    def ssd_cache_dir(self) -> Path:
+        """The SSD tier's snapshots and index (runtime/prefix.py's KV_SUBDIR)."""
+        return self.cache_dir / "kv"
+
+    @property
     def control_socket(self) -> Path:
         return self.runtime_dir / "zllm.sock"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from zllm import __version__
 from zllm.config import Settings
 from zllm.errors import ConfigError, ModelNotFound
+from zllm.private_files import private_dir, set_private_umask, tighten_tree
 
 log = logging.getLogger("zllm.daemon")
 
@@ -204,9 +205,17 @@ def open_response_store(settings: Settings):
     """The sqlite store behind `previous_response_id` (state_dir/responses.sqlite3), pruned on open."""
     from zllm.store import ResponseStore
 
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+def make_private(settings: Settings) -> None:
+    """What zllm keeps about requests (the Responses store, KV snapshots and their index, the log, the control
+    socket's directory) made 0700 / 0600, narrowing what an older zllm or a loose umask left readable."""
+    for directory in (settings.state_dir, settings.runtime_dir):
+        private_dir(directory)
+        tighten_tree(directory)
+    tighten_tree(settings.ssd_cache_dir)
 
 
 def run(settings: Settings, progress_factory=None) -> None:
@@ -219,6 +228,7 @@ def run(settings: Settings, progress_factory=None) -> None:
 
     check_exposure(settings)
     check_socket_path(settings.control_socket)
+    make_private(settings)
     locks = DaemonLocks.acquire(settings.pid_file, settings.data_dir, settings.control_socket)
     try:
         check_port_free(settings.host, settings.port)
@@ -227,6 +237,7 @@ def run(settings: Settings, progress_factory=None) -> None:
         else:
             with progress_factory() as progress:
                 served = resolve_model(settings, progress)
+        set_private_umask()  # after the model store (shareable); before anything about requests is written
         _run_loop(serve_forever(settings, served))
     finally:
         locks.release()

@@ -21,6 +21,7 @@ indexed statement, plus a retention sweep every `PRUNE_EVERY` saves.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from zllm.canonical import Message
 from zllm.errors import ZllmError
+from zllm.private_files import open_private, private_dir, tighten
 from zllm.store.codec import messages_from_json, messages_to_json
 
 SCHEMA_VERSION = 1
@@ -144,6 +146,8 @@ def _connect(path: str) -> sqlite3.Connection:
     hint = f"delete {path} to start with an empty response store (stored chains are lost)"
     try:
         # autocommit: every statement is its own short transaction; the lock serializes them
+        if path != MEMORY:
+            _create_private(Path(path))
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
         if path != MEMORY:
             db.execute("PRAGMA journal_mode=WAL")
@@ -152,6 +156,18 @@ def _connect(path: str) -> sqlite3.Connection:
         return db
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open the response store {path}: {exc}", hint=hint) from None
+    except OSError as exc:
+        raise StoreError(f"cannot open the response store {path}: {exc.strerror or exc}",
+                         hint="check the state directory's owner and permissions") from None
+
+
+def _create_private(path: Path) -> None:
+    """Whole conversations live here: the file (and the -wal/-shm sqlite makes with the file's own mode) is
+    0600 in a 0700 directory, whatever the umask; an older, wider file is narrowed."""
+    private_dir(path.parent)
+    for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        tighten(existing)
+    os.close(open_private(path, os.O_RDWR))
 
 
 def _migrate(db: sqlite3.Connection, path: str, hint: str) -> None:
