@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zllm import __version__
-from zllm.config import Settings
+from zllm.config import Settings, configured_api_keys
 from zllm.errors import ConfigError, ModelNotFound
-from zllm.private_files import private_dir, set_private_umask, tighten_tree
+from zllm.private_files import open_private, private_dir, set_private_umask, tighten_tree
 
 log = logging.getLogger("zllm.daemon")
 
@@ -55,7 +55,7 @@ def port_in_use(host: str, port: int, exc: OSError) -> ConfigError:
 
 def check_exposure(settings: Settings) -> None:
     """Serving beyond this machine without a key would hand the model (and the cache) to the network."""
-    if not is_loopback(settings.host) and not settings.api_key:
+    if not is_loopback(settings.host) and not configured_api_keys(settings):
         raise ConfigError(
             f"refusing to bind {settings.host} without an API key",
             hint="set ZLLM_API_KEY (or --api-key) to serve beyond 127.0.0.1",
@@ -141,7 +141,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         control.attach(engine, describe_model(engine, served))
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket)
+        app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
+                         responses=responses, websocket=settings.responses_websocket)
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
@@ -207,6 +208,29 @@ def open_response_store(settings: Settings):
 
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+NAMESPACE_SECRET_FILE = "namespace.secret"
+
+
+def namespace_secret(settings: Settings) -> bytes:
+    """The per-install salt of namespace ids (state_dir/namespace.secret, 0600), made on first use. Kept
+    across restarts: the SSD tier and the Responses store file rows under these ids."""
+    path = private_dir(settings.state_dir) / NAMESPACE_SECRET_FILE
+    fd = open_private(path, os.O_RDWR)
+    with os.fdopen(fd, "r+", encoding="ascii") as f:
+        try:
+            secret = bytes.fromhex(f.read().strip())
+        except ValueError:
+            secret = b""
+        if len(secret) < 16:  # new, or damaged: a new salt only costs cold caches and unreachable old rows
+            secret = os.urandom(32)
+            f.seek(0)
+            f.truncate()
+            f.write(secret.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return secret
 
 
 def make_private(settings: Settings) -> None:

@@ -7,20 +7,22 @@
 or, as one task to cancel:  await run_server(app, host, port, ready=ready_event)
 
 Middlewares, outermost first: errors (any exception → the route's error shape; see api/errors.py),
-then auth (when an API key is configured). The runner uses `handler_cancellation=True` so a client that
-hangs up cancels its handler, and the handler aborts its engine request.
+then identity (the API key check when keys are configured, and the request's namespace; api/auth.py).
+The runner uses `handler_cancellation=True` so a client that hangs up cancels its handler, and the handler
+aborts its engine request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from aiohttp import web
 
 from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
-from zllm.api.auth import auth_middleware
+from zllm.api.auth import NAMESPACE_SECRET, identity_middleware, new_namespace_secret
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
 from zllm.api.openai_chat import routes as openai_chat_routes
@@ -54,17 +56,22 @@ def create_app(
     engine: EngineClient,
     *,
     api_key: str = "",
+    api_keys: Sequence[str] = (),
+    namespace_secret: bytes | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
     websocket: bool = True,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
-    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426)."""
-    middlewares = [error_middleware]
-    if api_key:
-        middlewares.append(auth_middleware(api_key))
+    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
+    `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
+    (None = a fresh one: namespaces then last as long as the app)."""
+    secret = new_namespace_secret() if namespace_secret is None else namespace_secret
+    keys = tuple(dict.fromkeys(k for k in (api_key, *api_keys) if k))
+    middlewares = [error_middleware, identity_middleware(keys, secret)]
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+    app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     meta_routes.add_routes(app)
