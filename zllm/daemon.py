@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zllm import __version__
-from zllm.config import Settings, configured_api_keys
+from zllm.config import Settings, configured_api_keys, split_list
 from zllm.errors import ConfigError, ModelNotFound
 from zllm.private_files import open_private, private_dir, set_private_umask, tighten_tree
 
@@ -142,6 +142,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
+                         allowed_hosts=served_host_names(settings), allowed_origins=split_list(settings.allowed_origins),
                          responses=responses, websocket=settings.responses_websocket)
         try:
             runner = await start_site(app, settings.host, settings.port)
@@ -208,6 +209,15 @@ def open_response_store(settings: Settings):
 
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+def served_host_names(settings: Settings) -> tuple[str, ...]:
+    """Host header names the API answers besides localhost and IP literals: the bound address, the configured
+    ones, and this machine's name when serving beyond loopback (LAN clients dial it)."""
+    names = [settings.host, *split_list(settings.allowed_hosts)]
+    if not is_loopback(settings.host):
+        names.append(socket.gethostname())
+    return tuple(names)
 
 
 NAMESPACE_SECRET_FILE = "namespace.secret"

@@ -7,7 +7,8 @@
 or, as one task to cancel:  await run_server(app, host, port, ready=ready_event)
 
 Middlewares, outermost first: errors (any exception → the route's error shape; see api/errors.py),
-then identity (the API key check when keys are configured, and the request's namespace; api/auth.py).
+then the client guard (Host, Origin and content type: only its own clients; api/guard.py), then identity
+(the API key check when keys are configured, and the request's namespace; api/auth.py).
 The runner uses `handler_cancellation=True` so a client that hangs up cancels its handler, and the handler
 aborts its engine request.
 """
@@ -25,6 +26,7 @@ from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import NAMESPACE_SECRET, identity_middleware, new_namespace_secret
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
+from zllm.api.guard import ClientGuard
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_HEARTBEAT_S
@@ -58,6 +60,8 @@ def create_app(
     api_key: str = "",
     api_keys: Sequence[str] = (),
     namespace_secret: bytes | None = None,
+    allowed_hosts: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
@@ -66,11 +70,14 @@ def create_app(
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
     passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
     `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
-    (None = a fresh one: namespaces then last as long as the app)."""
+    (None = a fresh one: namespaces then last as long as the app). `allowed_hosts` / `allowed_origins`: the Host
+    names (the bound address among them) and browser origins served besides localhost (api/guard.py)."""
     secret = new_namespace_secret() if namespace_secret is None else namespace_secret
     keys = tuple(dict.fromkeys(k for k in (api_key, *api_keys) if k))
-    middlewares = [error_middleware, identity_middleware(keys, secret)]
+    guard = ClientGuard(allowed_hosts, allowed_origins)
+    middlewares = [error_middleware, guard.middleware(), identity_middleware(keys, secret)]
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+    guard.install(app)
     app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s

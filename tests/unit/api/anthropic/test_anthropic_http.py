@@ -166,7 +166,7 @@ def test_hang_up_mid_stream_aborts_the_engine_request(server, engine):
     engine.script(text_events(*[f"tok{i} " for i in range(400)]), delay=0.02)
     payload = json.dumps({"model": MODEL, "max_tokens": 999, "messages": USER, "stream": True}).encode()
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
-        sock.sendall(f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
         received = b""
         while b'"text":"tok1 "' not in received:

@@ -189,7 +189,7 @@ def test_codex_hanging_up_right_after_completed_is_a_normal_end(server, engine, 
     caplog.set_level(logging.INFO)
     body = json.dumps({"model": "fake-model", "input": "hi", "stream": True}).encode()
     sock = socket.create_connection((server.host, server.port), timeout=10)
-    sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Authorization: Bearer test-key\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     received = b""
