@@ -131,10 +131,12 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
 
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
+    control.attach_responses(responses)
     try:
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
+        control.attach_responses(None)
         responses.close()
         raise
     try:
@@ -158,6 +160,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         finally:
             await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
     finally:
+        control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
         engine.close()
 
@@ -208,7 +211,8 @@ def open_response_store(settings: Settings):
     from zllm.store import ResponseStore
 
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
-                         max_age_s=settings.responses_max_age_days * 86400)
+                         max_age_s=settings.responses_max_age_days * 86400,
+                         max_bytes=settings.responses_max_mb * (1 << 20))
 
 
 def served_host_names(settings: Settings) -> tuple[str, ...]:

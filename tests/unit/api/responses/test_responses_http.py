@@ -165,6 +165,16 @@ def test_prewarm_over_http(client, engine):
     assert len(engine.submitted) == 1
 
 
+def test_a_stored_prewarm_is_held_to_the_context_window(client, engine):
+    """generate:false with store:true keeps the input: a prompt no turn could use is refused, not stored."""
+    too_long = " ".join(["word"] * 9000)  # the fake engine counts words: over its 8192-token window
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="fake-model", input=too_long, store=True, extra_body={"generate": False})
+    assert caught.value.body["code"] == "context_length_exceeded"
+    fits = client.responses.create(model="fake-model", input="short", store=True, extra_body={"generate": False})
+    assert fits.status == "completed" and engine.submitted == []
+
+
 def test_a_persistent_store_keeps_chains_across_a_restart(serve, engine, tmp_path, make_client):
     from tests.support.http_server import ThreadedServer
     from zllm.api import create_app
