@@ -20,7 +20,7 @@ from pathlib import Path
 from zllm import __version__
 from zllm.config import Settings, configured_api_keys, split_list
 from zllm.errors import ConfigError, ModelNotFound
-from zllm.private_files import open_private, private_dir, set_private_umask, tighten_tree
+from zllm.private_files import open_private, private_dir, set_private_umask, tighten, tighten_tree
 
 log = logging.getLogger("zllm.daemon")
 
@@ -225,6 +225,9 @@ def served_host_names(settings: Settings) -> tuple[str, ...]:
 
 
 NAMESPACE_SECRET_FILE = "namespace.secret"
+# what the state dir holds about requests and keys (the log and start flags are written by `zllm start`)
+PRIVATE_STATE_FILES = ("responses.sqlite3", "responses.sqlite3-wal", "responses.sqlite3-shm", "zllm.log",
+                       "zllm.log.1", "start-flags.json", NAMESPACE_SECRET_FILE)
 
 
 def namespace_secret(settings: Settings) -> bytes:
@@ -252,8 +255,10 @@ def make_private(settings: Settings) -> None:
     socket's directory) made 0700 / 0600, narrowing what an older zllm or a loose umask left readable."""
     for directory in (settings.state_dir, settings.runtime_dir):
         private_dir(directory)
-        tighten_tree(directory)
-    tighten_tree(settings.ssd_cache_dir)
+    # only zllm's own files: a state dir pointed at a shared place keeps everything else as it was
+    for name in PRIVATE_STATE_FILES:
+        tighten(settings.state_dir / name)
+    tighten_tree(settings.ssd_cache_dir)  # kv/ is zllm's alone
 
 
 def run(settings: Settings, progress_factory=None) -> None:

@@ -115,3 +115,14 @@ def test_daemon_start_narrows_what_an_older_zllm_left_readable(tmp_path) -> None
     daemon.make_private(settings)
     assert {mode(p) for p in wide} == {0o600}
     assert {mode(d) for d in (settings.state_dir, settings.runtime_dir, settings.ssd_cache_dir, blobs)} == {0o700}
+
+
+def test_daemon_start_leaves_other_files_in_a_shared_state_dir_alone(tmp_path) -> None:
+    """A state dir pointed at a shared place: only zllm's own files are narrowed."""
+    settings = Settings(state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", cache_dir=tmp_path / "cache")
+    settings.state_dir.mkdir()
+    script = settings.state_dir / "someone-elses-script.sh"
+    script.write_text("#!/bin/sh\n")
+    os.chmod(script, 0o755)
+    daemon.make_private(settings)
+    assert mode(script) == 0o755
