@@ -144,7 +144,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
-                         allowed_hosts=served_host_names(settings), allowed_origins=split_list(settings.allowed_origins),
+                         allowed_hosts=served_host_names(settings),
+                         allowed_origins=split_list(settings.allowed_origins),
                          responses=responses, websocket=settings.responses_websocket)
         try:
             runner = await start_site(app, settings.host, settings.port)

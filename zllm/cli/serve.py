@@ -51,8 +51,9 @@ def serve(
     try:
         settings = load_settings(
             model=model, host=host, port=port, threads=threads, device=device, dtype=dtype,
-            context_length=context_length, api_key=api_key, api_keys=api_keys, api_keys_file=api_keys_file,
-            allowed_hosts=allowed_hosts, allowed_origins=allowed_origins, max_queue=max_queue, data_dir=data_dir, log_level=log_level,
+            context_length=context_length, api_key=api_key, api_keys=api_keys,
+            api_keys_file=absolute_path(api_keys_file), allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
+            max_queue=max_queue, data_dir=data_dir, log_level=log_level,
             responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
             responses_max_age_days=responses_max_age_days, responses_max_mb=responses_max_mb,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
@@ -65,6 +66,11 @@ def serve(
         daemon.run(settings, progress_factory=lambda: RichPullProgress(console=err))
     except ZllmError as exc:
         fail_with(exc)
+
+
+def absolute_path(path: str | None) -> str | None:
+    """A file named on the command line, absolute: `zllm restart` may run from another directory."""
+    return str(Path(path).expanduser().resolve()) if path else path
 
 
 def register(app: typer.Typer) -> None:

@@ -36,7 +36,8 @@ def send(server, method: str, path: str, headers: dict, body: bytes | None = Non
 
 def post(server, route=CHAT, headers: dict | None = None, body: bytes | None = None):
     path, payload = route
-    return send(server, "POST", path, {**JSON, **(headers or {})}, json.dumps(payload).encode() if body is None else body)
+    data = json.dumps(payload).encode() if body is None else body
+    return send(server, "POST", path, {**JSON, **(headers or {})}, data)
 
 
 def test_the_rebinding_attack_from_the_issue_is_refused(server, engine) -> None:
@@ -47,7 +48,8 @@ def test_the_rebinding_attack_from_the_issue_is_refused(server, engine) -> None:
     assert engine.submitted == []
 
 
-@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:11435", "127.0.0.1.nip.io", "localhost.evil.com"])
+@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:11435", "127.0.0.1.nip.io",
+                                  "localhost.evil.com"])
 def test_a_foreign_host_is_403_in_each_apis_shape(server, engine, host) -> None:
     status, _, body = post(server, headers={"Host": host})
     assert (status, body["error"]["code"], body["error"]["type"]) == (403, "forbidden_host", "invalid_request_error")
@@ -122,7 +124,8 @@ def test_a_body_that_is_not_json_is_415(server, engine, content_type) -> None:
     assert engine.submitted == []
 
 
-@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"])
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
+                                          "application/vnd.x+json"])
 def test_json_content_types_pass(server, content_type) -> None:
     assert post(server, headers={"Content-Type": content_type})[0] == 200
 
@@ -139,7 +142,8 @@ def test_a_websocket_from_a_web_page_is_refused_and_codex_is_served(server) -> N
         async with aiohttp.ClientSession() as session:
             try:
                 async with session.ws_connect(f"{server.url}/v1/responses", headers={**headers, **extra}) as ws:
-                    await ws.send_json({"type": "response.create", "model": "fake-model", "input": "hi", "store": False})
+                    await ws.send_json({"type": "response.create", "model": "fake-model", "input": "hi",
+                                        "store": False})
                     while (await asyncio.wait_for(ws.receive_json(), 10))["type"] != "response.completed":
                         pass
                     return "served"

@@ -58,8 +58,8 @@ def test_tighten_tree_narrows_everything_below(tmp_path) -> None:
 
 
 def test_control_socket_is_born_private(short_dir, loop_thread, loose_umask, monkeypatch) -> None:
-    """No chmod needed: with the narrowing after bind() a no-op the socket is still not reachable by group or others, so there is
-    no window between bind() and chmod(). Its directory, found 0755, is narrowed to 0700."""
+    """With the narrowing after bind() made a no-op, the socket is still closed to group and others: there is no
+    window between bind() and chmod(). Its directory, found 0755, is narrowed to 0700."""
     run_dir = short_dir / "run"
     run_dir.mkdir()
     os.chmod(run_dir, 0o755)
@@ -101,7 +101,8 @@ def test_start_log_and_remembered_flags_are_private(tmp_path, loose_umask) -> No
 
 
 def test_daemon_start_narrows_what_an_older_zllm_left_readable(tmp_path) -> None:
-    settings = Settings(state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", cache_dir=tmp_path / "cache")
+    settings = Settings(state_dir=tmp_path / "state", runtime_dir=tmp_path / "run",
+                        cache_dir=tmp_path / "cache")
     blobs = settings.ssd_cache_dir / "blobs"
     blobs.mkdir(parents=True)
     settings.state_dir.mkdir()
@@ -119,7 +120,8 @@ def test_daemon_start_narrows_what_an_older_zllm_left_readable(tmp_path) -> None
 
 def test_daemon_start_leaves_other_files_in_a_shared_state_dir_alone(tmp_path) -> None:
     """A state dir pointed at a shared place: only zllm's own files are narrowed."""
-    settings = Settings(state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", cache_dir=tmp_path / "cache")
+    settings = Settings(state_dir=tmp_path / "state", runtime_dir=tmp_path / "run",
+                        cache_dir=tmp_path / "cache")
     settings.state_dir.mkdir()
     script = settings.state_dir / "someone-elses-script.sh"
     script.write_text("#!/bin/sh\n")

@@ -49,7 +49,8 @@ def test_non_streaming_message(claude, engine, server):
     request = engine.submitted[-1]
     assert request.messages == (Message("user", "hi"),)
     assert (request.sampling.temperature, request.sampling.top_k, request.sampling.max_tokens) == (0.0, 5, 64)
-    assert (request.api, request.namespace) == ("anthropic_messages", namespace_for_key("test-key", server.app[NAMESPACE_SECRET]))
+    namespace = namespace_for_key("test-key", server.app[NAMESPACE_SECRET])
+    assert (request.api, request.namespace) == ("anthropic_messages", namespace)
 
 
 def test_streaming_create_yields_every_event(claude, engine):

@@ -29,7 +29,8 @@ def test_non_streaming_text(client, engine, server):
     request = engine.submitted[-1]
     assert request.messages == (Message("system", "Be brief."), Message("user", "hi"))
     assert (request.sampling.temperature, request.sampling.max_tokens) == (0.0, 50)
-    assert request.namespace == namespace_for_key("test-key", server.app[NAMESPACE_SECRET]) and request.api == "openai_responses"
+    namespace = namespace_for_key("test-key", server.app[NAMESPACE_SECRET])
+    assert request.namespace == namespace and request.api == "openai_responses"
 
 
 def test_streaming_events(client, engine):
