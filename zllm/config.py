@@ -78,6 +78,16 @@ class Settings:
     context_length: int = 0
     # required on every request when set (x-api-key or Authorization: Bearer)
     api_key: str = ""
+    # more accepted keys, comma-separated; each key gets its own cache and Responses namespace
+    api_keys: str = ""
+    # a file of accepted keys, one a line (blank lines and `#` comments skipped); "" = none
+    api_keys_file: str = ""
+    # Host header names served besides localhost, 127.0.0.1, [::1] and the bound address (comma-separated;
+    # DNS rebinding: a web page's requests carry the attacker's name)
+    allowed_hosts: str = ""
+    # browser origins allowed to call the API (comma-separated, e.g. http://localhost:3000; "*" = any);
+    # requests without an Origin header (SDKs, CLIs) are always allowed
+    allowed_origins: str = ""
     # most requests waiting for the engine before new ones get 503 overloaded
     max_queue: int = 64
     # tool dialect: "auto" (chosen from the tokenizer) or hermes / qwen3 / glm45 / deepseek-v3.2 / deepseek-v4
@@ -103,6 +113,8 @@ class Settings:
     # stored responses (previous_response_id chains) kept in state_dir/responses.sqlite3; 0 = no bound
     responses_max_stored: int = 10_000
     responses_max_age_days: int = 30
+    # the store's size bound in MB (compressed rows); oldest evicted first; 0 = no bound
+    responses_max_mb: int = 1024
     # prefix cache, device tier: MB of KV kept resident (RAM on cpu); 0 = a fraction of device memory / RAM
     cache_budget_mb: int = 0
     # newest rounds of a conversation kept resident; 0 = keep nothing (every request cold)
@@ -117,6 +129,11 @@ class Settings:
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def ssd_cache_dir(self) -> Path:
+        """The SSD tier's snapshots and index (runtime/prefix.py's KV_SUBDIR)."""
+        return self.cache_dir / "kv"
 
     @property
     def control_socket(self) -> Path:
@@ -148,10 +165,35 @@ class Settings:
             raise ConfigError("max_batch and prefill_chunk must be >= 1")
         if self.context_length < 0:
             raise ConfigError("context_length must be >= 0")
-        if self.responses_max_stored < 0 or self.responses_max_age_days < 0:
-            raise ConfigError("responses_max_stored and responses_max_age_days must be >= 0 (0 = no bound)")
+        if self.responses_max_stored < 0 or self.responses_max_age_days < 0 or self.responses_max_mb < 0:
+            raise ConfigError("responses_max_stored, responses_max_age_days and responses_max_mb must be >= 0 "
+                              "(0 = no bound)")
         if self.cache_budget_mb < 0 or self.cache_rounds < 0 or self.ssd_cache_mb < 0 or self.ssd_min_tokens < 1:
             raise ConfigError("cache_budget_mb, cache_rounds and ssd_cache_mb must be >= 0, ssd_min_tokens >= 1")
+
+
+def split_list(raw: str) -> tuple[str, ...]:
+    """A comma-separated setting's items, stripped, empties dropped."""
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def configured_api_keys(settings: Settings) -> tuple[str, ...]:
+    """Every key the server accepts: api_key, api_keys, then the lines of api_keys_file (read now)."""
+    keys = [settings.api_key.strip()] if settings.api_key.strip() else []
+    keys += split_list(settings.api_keys)
+    if settings.api_keys_file:
+        path = Path(settings.api_keys_file).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the API keys file {path}: {getattr(exc, 'strerror', None) or exc}",
+                              hint="one key a line; fix --api-keys-file / ZLLM_API_KEYS_FILE") from None
+        from_file = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if not from_file:  # auth silently off would be the worst reading of an empty file
+            raise ConfigError(f"the API keys file {path} holds no key",
+                              hint="one key a line, or unset --api-keys-file / ZLLM_API_KEYS_FILE")
+        keys += from_file
+    return tuple(dict.fromkeys(keys))
 
 
 def env_name(setting: str) -> str:

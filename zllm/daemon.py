@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zllm import __version__
-from zllm.config import Settings
+from zllm.config import Settings, configured_api_keys, split_list
 from zllm.errors import ConfigError, ModelNotFound
+from zllm.private_files import open_private, private_dir, set_private_umask, tighten, tighten_tree
 
 log = logging.getLogger("zllm.daemon")
 
@@ -54,7 +55,7 @@ def port_in_use(host: str, port: int, exc: OSError) -> ConfigError:
 
 def check_exposure(settings: Settings) -> None:
     """Serving beyond this machine without a key would hand the model (and the cache) to the network."""
-    if not is_loopback(settings.host) and not settings.api_key:
+    if not is_loopback(settings.host) and not configured_api_keys(settings):
         raise ConfigError(
             f"refusing to bind {settings.host} without an API key",
             hint="set ZLLM_API_KEY (or --api-key) to serve beyond 127.0.0.1",
@@ -138,18 +139,23 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
 
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
+    control.attach_responses(responses)
     try:
         compaction_key = install_key(settings)  # before the weights too: a damaged key file fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
+        control.attach_responses(None)
         responses.close()
         raise
     try:
         control.attach(engine, describe_model(engine, served))
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket,
+        app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
+                         allowed_hosts=served_host_names(settings),
+                         allowed_origins=split_list(settings.allowed_origins),
+                         responses=responses, websocket=settings.responses_websocket,
                          library=model_library(settings), compaction_key=compaction_key)
         try:
             runner = await start_site(app, settings.host, settings.port)
@@ -165,6 +171,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         finally:
             await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
     finally:
+        control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
         engine.close()
 
@@ -214,9 +221,55 @@ def open_response_store(settings: Settings):
     """The sqlite store behind `previous_response_id` (state_dir/responses.sqlite3), pruned on open."""
     from zllm.store import ResponseStore
 
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
-                         max_age_s=settings.responses_max_age_days * 86400)
+                         max_age_s=settings.responses_max_age_days * 86400,
+                         max_bytes=settings.responses_max_mb * (1 << 20))
+
+
+def served_host_names(settings: Settings) -> tuple[str, ...]:
+    """Host header names the API answers besides localhost and IP literals: the bound address, the configured
+    ones, and this machine's name when serving beyond loopback (LAN clients dial it)."""
+    names = [settings.host, *split_list(settings.allowed_hosts)]
+    if not is_loopback(settings.host):
+        names.append(socket.gethostname())
+    return tuple(names)
+
+
+NAMESPACE_SECRET_FILE = "namespace.secret"
+# what the state dir holds about requests and keys (the log and start flags are written by `zllm start`)
+PRIVATE_STATE_FILES = ("responses.sqlite3", "responses.sqlite3-wal", "responses.sqlite3-shm", "zllm.log",
+                       "zllm.log.1", "start-flags.json", NAMESPACE_SECRET_FILE)
+
+
+def namespace_secret(settings: Settings) -> bytes:
+    """The per-install salt of namespace ids (state_dir/namespace.secret, 0600), made on first use. Kept
+    across restarts: the SSD tier and the Responses store file rows under these ids."""
+    path = private_dir(settings.state_dir) / NAMESPACE_SECRET_FILE
+    fd = open_private(path, os.O_RDWR)
+    with os.fdopen(fd, "r+", encoding="ascii") as f:
+        try:
+            secret = bytes.fromhex(f.read().strip())
+        except ValueError:
+            secret = b""
+        if len(secret) < 16:  # new, or damaged: a new salt only costs cold caches and unreachable old rows
+            secret = os.urandom(32)
+            f.seek(0)
+            f.truncate()
+            f.write(secret.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return secret
+
+
+def make_private(settings: Settings) -> None:
+    """What zllm keeps about requests (the Responses store, KV snapshots and their index, the log, the control
+    socket's directory) made 0700 / 0600, narrowing what an older zllm or a loose umask left readable."""
+    for directory in (settings.state_dir, settings.runtime_dir):
+        private_dir(directory)
+    # only zllm's own files: a state dir pointed at a shared place keeps everything else as it was
+    for name in PRIVATE_STATE_FILES:
+        tighten(settings.state_dir / name)
+    tighten_tree(settings.ssd_cache_dir)  # kv/ is zllm's alone
 
 
 def install_key(settings: Settings) -> bytes:
@@ -236,6 +289,7 @@ def run(settings: Settings, progress_factory=None) -> None:
 
     check_exposure(settings)
     check_socket_path(settings.control_socket)
+    make_private(settings)
     locks = DaemonLocks.acquire(settings.pid_file, settings.data_dir, settings.control_socket)
     try:
         check_port_free(settings.host, settings.port)
@@ -244,6 +298,7 @@ def run(settings: Settings, progress_factory=None) -> None:
         else:
             with progress_factory() as progress:
                 served = resolve_model(settings, progress)
+        set_private_umask()  # after the model store (shareable); before anything about requests is written
         _run_loop(serve_forever(settings, served))
     finally:
         locks.release()

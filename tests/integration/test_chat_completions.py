@@ -115,7 +115,7 @@ def test_client_disconnect_aborts_the_request(daemon, client: openai.OpenAI) -> 
     body = json.dumps({"model": TINY, "messages": HELLO, "stream": True, "max_tokens": 100_000, "temperature": 0})
     with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
         sock.sendall(
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
         )
         received = b""

@@ -56,10 +56,14 @@ class Daemon:
         self._log = tempfile.NamedTemporaryFile("w+", prefix="zllm-daemon-", suffix=".log", delete=False)
         # state and cache dirs default to this daemon's own temp dir: tests never touch the user's
         self.scratch = Path(tempfile.mkdtemp(prefix="zllm-daemon-"))
+        # a restart test hands both daemons one cache dir: one install, so one state dir too (its namespace
+        # secret is what keeps the SSD tier's namespaces across the restart)
+        shared_cache = (env or {}).get("ZLLM_CACHE_DIR")
+        state_dir = Path(shared_cache).parent / "state" if shared_cache else self.scratch / "state"
         full_env = {
             **os.environ,
             "ZLLM_DATA_DIR": str(data_dir),
-            "ZLLM_STATE_DIR": str(self.scratch / "state"),
+            "ZLLM_STATE_DIR": str(state_dir),
             "ZLLM_CACHE_DIR": str(self.scratch / "cache"),
             # the control socket and pid file: never the user's (and short enough for a unix socket path)
             "ZLLM_RUNTIME_DIR": str(self.scratch / "run"),

@@ -7,22 +7,26 @@
 or, as one task to cancel:  await run_server(app, host, port, ready=ready_event)
 
 Middlewares, outermost first: errors (any exception → the route's error shape; see api/errors.py),
-then auth (when an API key is configured). The runner uses `handler_cancellation=True` so a client that
-hangs up cancels its handler, and the handler aborts its engine request.
+then the client guard (Host, Origin and content type: only its own clients; api/guard.py), then identity
+(the API key check when keys are configured, and the request's namespace; api/auth.py).
+The runner uses `handler_cancellation=True` so a client that hangs up cancels its handler, and the handler
+aborts its engine request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from aiohttp import web
 
 from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
-from zllm.api.auth import auth_middleware
+from zllm.api.auth import NAMESPACE_SECRET, identity_middleware, new_namespace_secret
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
+from zllm.api.guard import ClientGuard
 from zllm.api.ollama import routes as ollama_routes
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
@@ -56,6 +60,10 @@ def create_app(
     engine: EngineClient,
     *,
     api_key: str = "",
+    api_keys: Sequence[str] = (),
+    namespace_secret: bytes | None = None,
+    allowed_hosts: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
@@ -66,11 +74,17 @@ def create_app(
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
     passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
     `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
-    `compaction_key`: signs Responses compaction items (None: a key for this app's life only)."""
-    middlewares = [error_middleware]
-    if api_key:
-        middlewares.append(auth_middleware(api_key))
+    `compaction_key`: signs Responses compaction items (None: a key for this app's life only).
+    `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
+    (None = a fresh one: namespaces then last as long as the app). `allowed_hosts` / `allowed_origins`: the Host
+    names (the bound address among them) and browser origins served besides localhost (api/guard.py)."""
+    secret = new_namespace_secret() if namespace_secret is None else namespace_secret
+    keys = tuple(dict.fromkeys(k for k in (api_key, *api_keys) if k))
+    guard = ClientGuard(allowed_hosts, allowed_origins)
+    middlewares = [error_middleware, guard.middleware(), identity_middleware(keys, secret)]
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+    guard.install(app)
+    app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     meta_routes.add_routes(app)

@@ -31,7 +31,7 @@ log = logging.getLogger("zllm.api")
 # Protocol-neutral error categories; each protocol names them its own way (OpenAI "type",
 # Anthropic "error.type", Responses "error.code").
 ErrorKind = Literal[
-    "invalid_request", "authentication", "not_found", "request_too_large", "overloaded", "server_error",
+    "invalid_request", "authentication", "forbidden", "not_found", "request_too_large", "overloaded", "server_error",
 ]
 
 
@@ -59,6 +59,10 @@ _BY_CODE: dict[str, tuple[int, ErrorKind]] = {
     "previous_response_not_found": (404, "not_found"),
     "response_not_found": (404, "not_found"),
     "invalid_api_key": (401, "authentication"),
+    # only its own clients (api/guard.py)
+    "forbidden_host": (403, "forbidden"),
+    "forbidden_origin": (403, "forbidden"),
+    "unsupported_media_type": (415, "invalid_request"),
     "overloaded": (503, "overloaded"),
     "engine_error": (500, "server_error"),
     "internal_error": (500, "server_error"),
@@ -105,6 +109,7 @@ ErrorShape = Callable[[ApiError], dict]
 _OPENAI_TYPES: dict[ErrorKind, str] = {
     "invalid_request": "invalid_request_error",
     "authentication": "invalid_request_error",
+    "forbidden": "invalid_request_error",
     "not_found": "invalid_request_error",
     "request_too_large": "invalid_request_error",
     "overloaded": "server_error",
@@ -131,6 +136,7 @@ def openai_error_body(error: ApiError) -> dict:
 _ANTHROPIC_TYPES: dict[ErrorKind, str] = {
     "invalid_request": "invalid_request_error",
     "authentication": "authentication_error",
+    "forbidden": "permission_error",
     "not_found": "not_found_error",
     "request_too_large": "request_too_large",
     "overloaded": "overloaded_error",

@@ -44,7 +44,7 @@ from rich.markup import escape
 
 from zllm.cli.codex_catalog import auto_compact_limit, write_catalog
 from zllm.cli.output import err, fail, fail_with, print_json
-from zllm.config import Settings, load_settings
+from zllm.config import Settings, configured_api_keys, load_settings
 from zllm.errors import ZllmError
 
 # any non-empty key works when the daemon has none; clients refuse to start without one
@@ -90,7 +90,12 @@ def served_endpoint(settings: Settings, ask_daemon: Callable[[Settings], ServedE
         return found
     return ServedEndpoint(host=_dial_host(settings.host), port=settings.port, model=settings.model,
                           context_length=settings.context_length or _stored_window(settings),
-                          api_key=settings.api_key or PLACEHOLDER_KEY)
+                          api_key=client_key(settings))
+
+
+def client_key(settings: Settings) -> str:
+    """The key a launched client presents: the first the server accepts, or a placeholder when auth is off."""
+    return (configured_api_keys(settings) or (PLACEHOLDER_KEY,))[0]
 
 
 def claude_env(ep: ServedEndpoint) -> dict[str, str]:
@@ -252,7 +257,7 @@ def _from_daemon(settings: Settings) -> ServedEndpoint | None:
     if found is None:
         return None
     return ServedEndpoint(host=_dial_host(found.host), port=found.port, model=found.model,
-                          context_length=found.context_length, api_key=settings.api_key or PLACEHOLDER_KEY)
+                          context_length=found.context_length, api_key=client_key(settings))
 
 
 def _exec(program: str, args: list[str], env_updates: dict[str, str], unset: tuple[str, ...] = ()) -> None:

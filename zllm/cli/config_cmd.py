@@ -20,7 +20,7 @@ from zllm.cli.table import write_table
 from zllm.config import SETTING_NAMES, ResolvedSettings, resolve_settings
 from zllm.errors import ZllmError
 
-SECRET = ("api_key",)
+SECRET = ("api_key", "api_keys")
 
 
 def register(app: typer.Typer) -> None:

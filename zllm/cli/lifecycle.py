@@ -75,6 +75,8 @@ def start(
 
 
 def _start(flags: dict[str, object], timeout: float) -> None:
+    if flags.get("api_keys_file"):  # the daemon (and a later restart) may run from another directory
+        flags = {**flags, "api_keys_file": serve_command.absolute_path(str(flags["api_keys_file"]))}
     settings = settings_or_fail(**flags)
     state = _probe(settings)
     if state.alive:

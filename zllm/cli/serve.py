@@ -21,12 +21,17 @@ def serve(
     dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
     context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
     api_key: str = typer.Option(None, "--api-key", help="Require this key on every request. [env: ZLLM_API_KEY]"),
+    api_keys: str = typer.Option(None, "--api-keys", help="More accepted keys, comma-separated; each gets its own cache and Responses namespace. [env: ZLLM_API_KEYS]"),
+    api_keys_file: str = typer.Option(None, "--api-keys-file", help="A file of accepted keys, one a line (# comments). [env: ZLLM_API_KEYS_FILE]"),
+    allowed_hosts: str = typer.Option(None, "--allowed-hosts", help="Host names served besides localhost, 127.0.0.1, [::1] and the bound address, comma-separated; others get 403. [env: ZLLM_ALLOWED_HOSTS]"),
+    allowed_origins: str = typer.Option(None, "--allowed-origins", help="Browser origins allowed to call the API, comma-separated (* = any); other Origins get 403. [env: ZLLM_ALLOWED_ORIGINS]"),
     max_queue: int = typer.Option(None, "--max-queue", help="Requests waiting for the engine before new ones get 503. [env: ZLLM_MAX_QUEUE]"),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where models are stored. [env: ZLLM_DATA_DIR]"),
     log_level: str = typer.Option(None, "--log-level", help="debug, info, warning. [env: ZLLM_LOG_LEVEL]"),
     responses_websocket: bool = typer.Option(None, "--responses-websocket/--no-responses-websocket", help="Accept Responses WebSocket mode on GET /v1/responses (426 when off). [env: ZLLM_RESPONSES_WEBSOCKET; default: on]"),
     responses_max_stored: int = typer.Option(None, "--responses-max-stored", help="Stored Responses kept for previous_response_id, 0 = no bound. [env: ZLLM_RESPONSES_MAX_STORED; default: 10000]"),
     responses_max_age_days: int = typer.Option(None, "--responses-max-age-days", help="Days a stored Response is kept, 0 = no bound. [env: ZLLM_RESPONSES_MAX_AGE_DAYS; default: 30]"),
+    responses_max_mb: int = typer.Option(None, "--responses-max-mb", help="MB the stored Responses may take, oldest evicted, 0 = no bound. [env: ZLLM_RESPONSES_MAX_MB; default: 1024]"),
     cache_budget_mb: int = typer.Option(None, "--cache-budget-mb", help="Prefix cache KV kept resident (RAM on cpu), 0 = a fraction of free memory. [env: ZLLM_CACHE_BUDGET_MB]"),
     cache_rounds: int = typer.Option(None, "--cache-rounds", help="Newest rounds of a conversation kept resident, 0 = no prefix cache. [env: ZLLM_CACHE_ROUNDS; default: 4]"),
     ssd_cache: bool = typer.Option(None, "--ssd-cache/--no-ssd-cache", help="Keep prefix cache snapshots on disk across restarts. [env: ZLLM_SSD_CACHE; default: on]"),
@@ -46,9 +51,11 @@ def serve(
     try:
         settings = load_settings(
             model=model, host=host, port=port, threads=threads, device=device, dtype=dtype,
-            context_length=context_length, api_key=api_key, max_queue=max_queue, data_dir=data_dir, log_level=log_level,
+            context_length=context_length, api_key=api_key, api_keys=api_keys,
+            api_keys_file=absolute_path(api_keys_file), allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
+            max_queue=max_queue, data_dir=data_dir, log_level=log_level,
             responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
-            responses_max_age_days=responses_max_age_days,
+            responses_max_age_days=responses_max_age_days, responses_max_mb=responses_max_mb,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
             cache_dir=cache_dir, dialect=dialect, speculative=speculative,
             draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk, backend=backend,
@@ -59,6 +66,11 @@ def serve(
         daemon.run(settings, progress_factory=lambda: RichPullProgress(console=err))
     except ZllmError as exc:
         fail_with(exc)
+
+
+def absolute_path(path: str | None) -> str | None:
+    """A file named on the command line, absolute: `zllm restart` may run from another directory."""
+    return str(Path(path).expanduser().resolve()) if path else path
 
 
 def register(app: typer.Typer) -> None:

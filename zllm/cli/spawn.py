@@ -22,6 +22,7 @@ from zllm import __version__
 from zllm.config import SETTING_NAMES, Settings, env_name, parse_setting
 from zllm.control.client import ControlClient
 from zllm.control.protocol import DaemonStatus, DaemonUnreachable
+from zllm.private_files import open_private, private_dir, write_private_text
 
 LOG_ROTATE_BYTES = 20 << 20
 START_FLAGS = "start-flags.json"
@@ -32,8 +33,8 @@ def flags_file(settings: Settings) -> Path:
 
 
 def remember_flags(settings: Settings, flags: dict[str, object]) -> None:
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    flags_file(settings).write_text(json.dumps({k: _env_value(v) for k, v in flags.items()}, indent=2) + "\n")
+    private_dir(settings.state_dir)  # the flags may hold the API key
+    write_private_text(flags_file(settings), json.dumps({k: _env_value(v) for k, v in flags.items()}, indent=2) + "\n")
 
 
 def remembered_flags(settings: Settings) -> dict[str, object]:
@@ -73,9 +74,10 @@ class Launched:
 def launch(settings: Settings, flags: dict[str, object], command: list[str] | None = None) -> Launched:
     """`command` replaces `python -m zllm serve` (tests)."""
     env = {**os.environ, **{env_name(k): _env_value(v) for k, v in flags.items()}}
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     _rotate(settings.log_file)
-    with open(settings.log_file, "ab") as log:
+    # the log names models, paths and errors about requests: this user's only
+    with os.fdopen(open_private(settings.log_file, os.O_WRONLY | os.O_APPEND), "ab") as log:
         log.write(f"--- zllm {__version__} start {datetime.now().isoformat(timespec='seconds')} ---\n".encode())
         log.flush()
         offset = log.tell()

@@ -73,6 +73,13 @@ class ControlClient:
                   "dry_run": dry_run}
         return PruneReport.from_json(self.call("cache.prune", **params))
 
+    def store_stats(self) -> dict[str, Any]:
+        return self.call("store.stats")
+
+    def store_prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in (("older_than_s", older_than_s), ("max_bytes", max_bytes)) if v is not None}
+        return self.call("store.prune", **params)
+
     def near_misses(self) -> list[dict[str, Any]]:
         return self.call("cache.near_misses")["near_misses"]
 

@@ -8,6 +8,8 @@
     ps                → {"models": [LoadedModelInfo]}        (empty while loading)
     cache.*           → cache_methods.py
     cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
+    store.stats       → the Responses store: {"path", "rows", "bytes", "file_bytes", "oldest", "newest", bounds}
+    store.prune       {"older_than_s": 86400 | null, "max_bytes": 0 | null} → {"removed": N, ...store.stats}
     trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
     shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
@@ -26,8 +28,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zllm.control import cache_methods
-from zllm.control.params import bool_param, int_param, str_param
+from zllm.control.params import bool_param, float_param, int_param, str_param
 from zllm.control.protocol import NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+from zllm.errors import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class ControlMethods:
         self._explain = explain
         self._engine = None
         self._model: LoadedModelInfo | None = None
+        self._responses = None
+
+    def attach_responses(self, store) -> None:
+        """The Responses store (zllm.store.ResponseStore: stats / prune / compact), open before the model loads."""
+        self._responses = store
 
     def attach(self, engine, model: LoadedModelInfo) -> None:
         self._engine, self._model, self.phase = engine, model, "ready"
@@ -67,7 +75,8 @@ class ControlMethods:
     def methods(self) -> dict[str, Callable]:
         return {"status": self.status, "ps": self.ps, "cache.ls": self.cache_ls, "cache.stats": self.cache_stats,
                 "cache.prune": self.cache_prune, "cache.near_misses": self.cache_near_misses,
-                "cache.explain": self.cache_explain, "shutdown": self.shutdown}
+                "cache.explain": self.cache_explain, "store.stats": self.store_stats, "store.prune": self.store_prune,
+                "shutdown": self.shutdown}
 
     def streams(self) -> dict[str, Callable]:
         return {"trace": self.trace, "logs": self.logs}
@@ -143,6 +152,31 @@ class ControlMethods:
             raise ControlError(NOT_READY, "the daemon is still loading its model",
                                hint="wait until `zllm status` says ready")
         return self._engine.prefix_cache
+
+    # ------------------------------------------------------------------ Responses store
+
+    async def store_stats(self, params: dict) -> dict:
+        return await asyncio.to_thread(self._store().stats)
+
+    async def store_prune(self, params: dict) -> dict:
+        """Older than `older_than_s` and/or down to `max_bytes` (0 = everything), then the file compacted."""
+        older_than_s, max_bytes = float_param(params, "older_than_s"), int_param(params, "max_bytes", None)
+        if older_than_s is None and max_bytes is None:
+            raise InvalidRequest("give `older_than_s` and/or `max_bytes`")
+        store = self._store()
+
+        def prune() -> dict:
+            removed = store.prune(older_than_s=older_than_s, max_bytes=max_bytes)
+            store.compact()
+            return {"removed": removed, **store.stats()}
+
+        return await asyncio.to_thread(prune)
+
+    def _store(self):
+        if self._responses is None:
+            raise ControlError(NOT_READY, "the daemon has not opened its Responses store yet",
+                               hint="wait until `zllm status` says ready")
+        return self._responses
 
     # ------------------------------------------------------------------ streams
 

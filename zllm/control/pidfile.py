@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zllm.errors import ConfigError
+from zllm.private_files import private_dir
 
 DATA_DIR_LOCK = ".daemon.lock"
 
@@ -92,7 +93,7 @@ class DaemonLocks:
 
     @classmethod
     def acquire(cls, pid_file: Path, data_dir: Path, socket: Path) -> DaemonLocks:
-        pid_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(pid_file.parent)  # the control socket's directory too: 0700 even where it existed wider
         data_dir.mkdir(parents=True, exist_ok=True)
         pid_lock = _try_lock(pid_file, retry_s=0.5)
         if pid_lock is None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from zllm.control.protocol import (
     reply,
 )
 from zllm.errors import ZllmError
+from zllm.private_files import private_dir, private_umask, tighten
 
 log = logging.getLogger("zllm.control")
 
@@ -55,12 +55,13 @@ class ControlServer:
     async def start(self) -> None:
         """The caller holds the daemon's pid lock, so a socket file left here belongs to a dead daemon."""
         check_socket_path(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self._server = await asyncio.start_unix_server(self._serve_connection, path=str(self.path),
-                                                       limit=MAX_LINE_BYTES)
-        os.chmod(self.path, 0o600)  # the directory is 0700 already: this closes nothing but a surprise
+        with private_umask():  # bind() creates the socket file from the umask: born 0600, no window to chmod
+            self._server = await asyncio.start_unix_server(self._serve_connection, path=str(self.path),
+                                                           limit=MAX_LINE_BYTES)
+        tighten(self.path)  # 0700 from the umask to 0600: the x bit means nothing on a socket
 
     async def close(self) -> None:
         if self._server is None:

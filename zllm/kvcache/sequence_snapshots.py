@@ -37,6 +37,7 @@ from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, pack_tokens, token_sha256
 from zllm.kvcache.state import common_prefix_length
+from zllm.private_files import private_dir
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -81,8 +82,8 @@ class SequenceSnapshots:
         self.layout = layout
         self.budget_bytes = budget_bytes
         self.blobs, self.quarantine_dir = self.directory / "blobs", self.directory / "quarantine"
-        for d in (self.blobs, self.quarantine_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in (self.directory, self.blobs, self.quarantine_dir):
+            private_dir(d)  # snapshots decode back to prompts: this user's only
         self.index = self._open_index()
         self._lock = threading.Lock()
         self.rows: RowTable = RowTable()

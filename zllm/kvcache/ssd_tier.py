@@ -30,6 +30,7 @@ from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_int
 from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, blob_name, pack_tokens, token_sha256
 from zllm.kvcache.ssd_maintenance import Maintenance
 from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
+from zllm.private_files import private_dir
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -75,8 +76,8 @@ class SnapshotStore(Maintenance):
         self.budget_bytes = budget_bytes
         self.blobs = self.directory / "blobs"
         self.quarantine_dir = self.directory / "quarantine"
-        for d in (self.blobs, self.quarantine_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in (self.directory, self.blobs, self.quarantine_dir):
+            private_dir(d)  # snapshots decode back to prompts: this user's only
         self._crash_hook = crash_hook or (lambda stage: None)
         self._lock = threading.RLock()
         self._pinned: dict[str, int] = {}  # rows being read or used as a parent: never deleted meanwhile

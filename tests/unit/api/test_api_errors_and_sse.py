@@ -106,7 +106,7 @@ def test_run_server_serves_until_cancelled():
         task = asyncio.create_task(run_server(create_app(FakeEngineClient()), "127.0.0.1", port, ready=ready))
         await asyncio.wait_for(ready.wait(), 10)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         answer = await reader.read()
         writer.close()
         task.cancel()

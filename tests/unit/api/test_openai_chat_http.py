@@ -6,13 +6,13 @@ import json
 import urllib.request
 
 from tests.support.fake_engine import FAKE_MODEL, text_events, tool_call_events
-from zllm.api.auth import namespace_for_key
+from zllm.api.auth import NAMESPACE_SECRET, namespace_for_key
 from zllm.canonical import FinishReason, Message, TextDelta
 
 USER = [{"role": "user", "content": "hi"}]
 
 
-def test_non_streaming_completion(client, engine):
+def test_non_streaming_completion(client, engine, server):
     engine.script(text_events("Hello", " world", prompt_tokens=12, cached_tokens=8))
     completion = client.chat.completions.create(model="fake-model", messages=USER, temperature=0, seed=3)
     assert completion.choices[0].message.content == "Hello world"
@@ -23,7 +23,7 @@ def test_non_streaming_completion(client, engine):
     request = engine.submitted[-1]
     assert request.messages == (Message("user", "hi"),)
     assert (request.sampling.temperature, request.sampling.seed, request.api) == (0.0, 3, "openai_chat")
-    assert request.namespace == namespace_for_key("test-key") != ""
+    assert request.namespace == namespace_for_key("test-key", server.app[NAMESPACE_SECRET]) != ""
     assert engine.aborted == []
 
 

@@ -173,3 +173,67 @@ def test_in_memory_store():
     store = ResponseStore.in_memory()
     store.save(record())
     assert store.load("resp_1", "ns1") == record()
+
+
+# ---------------------------------------------------------------------- the byte bound
+
+
+def big_record(response_id: str) -> StoredResponse:
+    """About 100 KB once stored: random text compresses only so far."""
+    import os as _os
+
+    return record(response_id, input_messages=(Message("user", _os.urandom(100_000).hex()),))
+
+
+def stored_size() -> int:
+    from zllm.store.responses import _encode
+
+    return len(_encode(big_record("resp_size")))
+
+
+def test_the_byte_bound_evicts_the_oldest_on_every_save(path):
+    bound = int(stored_size() * 3.5)
+    store = ResponseStore(path, max_rows=0, max_age_s=0, max_bytes=bound)
+    for n in range(10):  # no waiting for the sweep every PRUNE_EVERY saves
+        store.save(big_record(f"resp_{n}"))
+        assert store.stats()["bytes"] <= bound
+    kept = [n for n in range(10) if store.load(f"resp_{n}", "ns1") is not None]
+    assert kept == [7, 8, 9]  # the newest
+    store.close()
+
+
+def test_the_byte_bound_holds_across_a_restart_and_a_lower_setting(path):
+    store = ResponseStore(path, max_bytes=0)
+    for n in range(5):
+        store.save(big_record(f"resp_{n}"))
+    store.close()
+    reopened = ResponseStore(path, max_bytes=int(stored_size() * 2.5))  # pruned on open
+    assert reopened.stats()["rows"] == 2 and reopened.load("resp_4", "ns1") is not None
+    reopened.close()
+
+
+def test_a_manual_prune_by_size_and_age_then_compact_gives_the_disk_back(path):
+    clock, size = Clock(), stored_size()
+    store = ResponseStore(path, max_bytes=0, clock=clock)
+    for n in range(6):
+        store.save(big_record(f"resp_{n}"))
+        clock.now += 60
+    before = store.stats()
+    assert before["rows"] == 6 and before["file_bytes"] >= before["bytes"] > 5 * size
+    assert store.prune(older_than_s=150) == 4  # saved 360, 300, 240, 180 s ago
+    assert store.prune(max_bytes=int(size * 1.5)) == 1
+    store.compact()
+    after = store.stats()
+    assert (after["rows"], store.load("resp_5", "ns1") is not None) == (1, True)
+    assert after["file_bytes"] < 2 * size
+    assert store.prune(max_bytes=0) == 1 and store.stats()["bytes"] == 0
+    store.close()
+
+
+def test_replacing_a_row_does_not_count_it_twice(path):
+    store = ResponseStore(path, max_bytes=0)
+    store.save(big_record("resp_1"))
+    once = store.stats()["bytes"]
+    store.save(big_record("resp_1"))
+    assert abs(store.stats()["bytes"] - once) < 1000 and store.stats()["rows"] == 1
+    store.close()

@@ -30,7 +30,7 @@ from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
 from zllm.canonical import EngineClient, Finished, Message, RequestStream
-from zllm.errors import ModelNotFound
+from zllm.errors import ContextLengthExceeded, ModelNotFound
 from zllm.store import StoredResponse
 
 _TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
@@ -62,7 +62,10 @@ async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, 
         encoder = ResponseEventEncoder(shell, plan.tools, encrypted_reasoning=call.encrypted_reasoning,
                                        on_finish=record)
     if not call.generate:
-        _check_model(engine, call.model)
+        window = _check_model(engine, call.model)
+        if call.store and plan.conversation:  # kept: held to a turn's window, or the store fills with the unusable
+            await _check_fits(engine, chat_request(call, plan, request_id=ids.request_id(), namespace=namespace),
+                              window)
         return Turn(call, encoder, None)
     build = summary_request if compacting else chat_request
     request = build(call, plan, request_id=ids.request_id(), namespace=namespace)
@@ -93,10 +96,19 @@ def _final(finished: Finished | None, terminal: dict | None) -> dict:
     return terminal["response"]
 
 
-def _check_model(engine: EngineClient, model: str) -> None:
-    served = [card.id for card in engine.models()]
-    if model not in served:
-        raise ModelNotFound(model, available=served)
+def _check_model(engine: EngineClient, model: str) -> int:
+    """The served model's context window; ModelNotFound for another model."""
+    cards = {card.id: card for card in engine.models()}
+    if model not in cards:
+        raise ModelNotFound(model, available=list(cards))
+    return cards[model].context_length
+
+
+async def _check_fits(engine: EngineClient, request, window: int) -> None:
+    """The rule `submit` applies: the prompt must leave room for at least one output token."""
+    prompt_tokens = await engine.count_tokens(request)
+    if window - prompt_tokens < 1:
+        raise ContextLengthExceeded(prompt_tokens, window)
 
 
 def _stored(response: dict, history: tuple[Message, ...], plan: Plan, namespace: str, created_at: int,

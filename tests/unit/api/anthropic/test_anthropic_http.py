@@ -8,7 +8,7 @@ import time
 import urllib.request
 
 from tests.support.fake_engine import FAKE_MODEL, text_events, tool_call_events
-from zllm.api.auth import namespace_for_key
+from zllm.api.auth import NAMESPACE_SECRET, namespace_for_key
 from zllm.canonical import (
     Finished,
     FinishReason,
@@ -35,7 +35,7 @@ def post(server, path: str, body: dict, headers: dict | None = None) -> tuple[in
         return response.status, dict(response.headers), response.read()
 
 
-def test_non_streaming_message(claude, engine):
+def test_non_streaming_message(claude, engine, server):
     engine.script(text_events("Hello", " world", prompt_tokens=12, cached_tokens=8))
     message = claude.messages.create(model=MODEL, max_tokens=64, messages=USER,
                                      extra_body={"temperature": 0, "top_k": 5})  # SDK 2.14 dropped them
@@ -49,7 +49,8 @@ def test_non_streaming_message(claude, engine):
     request = engine.submitted[-1]
     assert request.messages == (Message("user", "hi"),)
     assert (request.sampling.temperature, request.sampling.top_k, request.sampling.max_tokens) == (0.0, 5, 64)
-    assert (request.api, request.namespace) == ("anthropic_messages", namespace_for_key("test-key"))
+    namespace = namespace_for_key("test-key", server.app[NAMESPACE_SECRET])
+    assert (request.api, request.namespace) == ("anthropic_messages", namespace)
 
 
 def test_streaming_create_yields_every_event(claude, engine):
@@ -166,7 +167,7 @@ def test_hang_up_mid_stream_aborts_the_engine_request(server, engine):
     engine.script(text_events(*[f"tok{i} " for i in range(400)]), delay=0.02)
     payload = json.dumps({"model": MODEL, "max_tokens": 999, "messages": USER, "stream": True}).encode()
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
-        sock.sendall(f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
         received = b""
         while b'"text":"tok1 "' not in received:

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
-from zllm.api.auth import namespace_for_key
+from zllm.api.auth import NAMESPACE_SECRET, namespace_for_key
 from zllm.canonical import Message, ReasoningDelta, ToolCall
 from zllm.errors import ContextLengthExceeded
 
@@ -16,7 +16,7 @@ SH = {"type": "function", "name": "sh", "description": "run a command",
       "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 
 
-def test_non_streaming_text(client, engine):
+def test_non_streaming_text(client, engine, server):
     engine.script(text_events("Hello", " world", prompt_tokens=12, cached_tokens=8))
     response = client.responses.create(model="fake-model", input="hi", instructions="Be brief.", temperature=0,
                                        metadata={"k": "v"}, max_output_tokens=50)
@@ -29,7 +29,8 @@ def test_non_streaming_text(client, engine):
     request = engine.submitted[-1]
     assert request.messages == (Message("system", "Be brief."), Message("user", "hi"))
     assert (request.sampling.temperature, request.sampling.max_tokens) == (0.0, 50)
-    assert request.namespace == namespace_for_key("test-key") and request.api == "openai_responses"
+    namespace = namespace_for_key("test-key", server.app[NAMESPACE_SECRET])
+    assert request.namespace == namespace and request.api == "openai_responses"
 
 
 def test_streaming_events(client, engine):
@@ -165,17 +166,27 @@ def test_prewarm_over_http(client, engine):
     assert len(engine.submitted) == 1
 
 
+def test_a_stored_prewarm_is_held_to_the_context_window(client, engine):
+    """generate:false with store:true keeps the input: a prompt no turn could use is refused, not stored."""
+    too_long = " ".join(["word"] * 9000)  # the fake engine counts words: over its 8192-token window
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="fake-model", input=too_long, store=True, extra_body={"generate": False})
+    assert caught.value.body["code"] == "context_length_exceeded"
+    fits = client.responses.create(model="fake-model", input="short", store=True, extra_body={"generate": False})
+    assert fits.status == "completed" and engine.submitted == []
+
+
 def test_a_persistent_store_keeps_chains_across_a_restart(serve, engine, tmp_path, make_client):
     from tests.support.http_server import ThreadedServer
     from zllm.api import create_app
     from zllm.store import ResponseStore
 
-    store = ResponseStore(tmp_path / "responses.sqlite3")
-    with ThreadedServer(create_app(engine, responses=store)) as first_server:
+    store, secret = ResponseStore(tmp_path / "responses.sqlite3"), b"per-install namespace secret"
+    with ThreadedServer(create_app(engine, responses=store, namespace_secret=secret)) as first_server:
         first = make_client(first_server).responses.create(model="fake-model", input="remember me")
     store.close()
     reopened = ResponseStore(tmp_path / "responses.sqlite3")
-    second_server = serve(engine, responses=reopened)
+    second_server = serve(engine, responses=reopened, namespace_secret=secret)  # the daemon keeps it in state_dir
     make_client(second_server).responses.create(model="fake-model", input="next", previous_response_id=first.id)
     assert engine.submitted[-1].messages == (Message("user", "remember me"), Message("assistant", "Hello world"),
                                              Message("user", "next"))
@@ -189,7 +200,7 @@ def test_codex_hanging_up_right_after_completed_is_a_normal_end(server, engine, 
     caplog.set_level(logging.INFO)
     body = json.dumps({"model": "fake-model", "input": "hi", "stream": True}).encode()
     sock = socket.create_connection((server.host, server.port), timeout=10)
-    sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Authorization: Bearer test-key\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     received = b""
