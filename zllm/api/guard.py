@@ -11,7 +11,9 @@ servers that were bitten by it do:
   is refused (403) unless the origin is in `allowed_origins` ("*" = any); allowed origins get CORS headers
   and their preflights answered.
 - **Content type**: a body must be JSON (`application/json` or `application/*+json`), else 415. A page can
-  send `text/plain` or a form without a preflight; it cannot send JSON cross-origin without one.
+  send `text/plain` or a form without a preflight; it cannot send JSON cross-origin without one. One
+  exception: the Ollama API (`/api/...`) takes what `curl -d` sends (a form type, or none) when no Origin
+  says a browser sent it — Ollama's own docs and users call it that way, and Ollama reads any body as JSON.
 
 `/health` and `/healthz` skip all three: probes come from anywhere and read nothing private.
 """
@@ -73,6 +75,15 @@ def is_json_type(content_type: str) -> bool:
     return main == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
+def is_curl_to_ollama(request: web.Request) -> bool:
+    labelled = request.headers.get(hdrs.CONTENT_TYPE)
+    return request.path.startswith("/api/") and (labelled is None or is_form_type(request.content_type))
+
+
+def is_form_type(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+
+
 def origin_name(origin: str) -> str:
     return origin.strip().lower().rstrip("/")
 
@@ -97,7 +108,8 @@ class ClientGuard:
         if origin is not None and not self.origin_allowed(origin):
             raise ForeignOrigin(f"cross-origin requests from {origin!r} are not allowed "
                                 "(allow the origin with --allowed-origins / ZLLM_ALLOWED_ORIGINS)")
-        if request.method in _BODY_METHODS and request.body_exists and not is_json_type(request.content_type):
+        if request.method in _BODY_METHODS and request.body_exists and not is_json_type(request.content_type) \
+                and not (origin is None and is_curl_to_ollama(request)):
             raise NotJson(f"the request body must be JSON (Content-Type: application/json), not "
                           f"{request.headers.get(hdrs.CONTENT_TYPE) or 'unlabelled'}")
 

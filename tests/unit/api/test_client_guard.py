@@ -124,6 +124,17 @@ def test_a_body_that_is_not_json_is_415(server, engine, content_type) -> None:
     assert engine.submitted == []
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
+def test_the_ollama_api_takes_curl_d_unless_a_browser_sent_it(serve, engine, content_type) -> None:
+    server = serve(engine, allowed_origins=["http://localhost:3000"])
+    headers = {"Content-Type": content_type} if content_type else {}
+    generate = json.dumps({"model": "fake-model", "prompt": "", "stream": False}).encode()
+    assert send(server, "POST", "/api/generate", headers, generate)[0] == 200  # as Ollama's docs call it
+    browser = {**headers, "Origin": "http://localhost:3000"}  # an allowed page: still no simple-request body
+    assert send(server, "POST", "/api/generate", browser, generate)[0] == 415
+    assert send(server, "POST", CHAT[0], headers, json.dumps(CHAT[1]).encode())[0] == 415  # only /api/
+
+
 @pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
                                           "application/vnd.x+json"])
 def test_json_content_types_pass(server, content_type) -> None:

@@ -11,7 +11,7 @@ import ollama
 import pytest
 
 from tests.support.fake_engine import FAKE_MODEL, error_events, text_events, tool_call_events
-from zllm.api.auth import namespace_for_key
+from zllm.api.auth import NAMESPACE_SECRET, namespace_for_key
 from zllm.api.ollama import wire
 from zllm.canonical import FunctionTool, Message, ReasoningDelta, TextDelta, ToolCall
 from zllm.canonical.events import Finished
@@ -40,7 +40,7 @@ def raw(server, method: str, path: str, body: bytes | None = None) -> tuple[int,
         return status, text
 
 
-def test_chat_not_streaming(client, engine):
+def test_chat_not_streaming(client, engine, server):
     engine.script(text_events("Hello", " world", prompt_tokens=12, cached_tokens=8))
     answer = client.chat(model=MODEL, messages=USER, stream=False,
                          options={"temperature": 0, "seed": 3, "top_k": 5, "top_p": 0.5, "num_predict": 7,
@@ -55,7 +55,7 @@ def test_chat_not_streaming(client, engine):
     sampling = request.sampling
     assert (sampling.temperature, sampling.seed, sampling.top_k, sampling.top_p) == (0.0, 3, 5, 0.5)
     assert (sampling.max_tokens, sampling.stop) == (7, ("\n\n",))
-    assert request.namespace == namespace_for_key("test-key")
+    assert request.namespace == namespace_for_key("test-key", server.app[NAMESPACE_SECRET])
 
 
 def test_chat_streams_ndjson_by_default(server, client, engine):
