@@ -41,9 +41,10 @@ class Maintenance:
             if path.name not in referenced:  # renamed but never indexed, or a delete cut short
                 set_aside(path, self.quarantine_dir) if path.is_dir() else remove(path)  # a directory is not ours
         self._next_generation = max(generations) + 1
-        if self.counters["quarantined"] or self.counters["index_set_aside"]:
+        damaged, index_set_aside = self.counters["quarantined"], self.counters["index_set_aside"]
+        if damaged or index_set_aside:
             log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s", len(self.rows),
-                        self.counters["quarantined"], ", the index set aside" if self.counters["index_set_aside"] else "")
+                        damaged, ", the index set aside" if index_set_aside else "")
 
     def _unsound(self, row: SnapshotRow) -> str | None:
         """Why `row` cannot be trusted structurally (blob contents are validated when read), or None."""
