@@ -24,8 +24,7 @@ import pytest
 
 from tests.support.backends import BACKENDS, load_tiny
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams, TextDelta
-from zllm.kvcache import CacheConfig
-from zllm.kvcache import ssd_index
+from zllm.kvcache import CacheConfig, ssd_index
 from zllm.runtime import LocalEngineClient
 from zllm.runtime.fence_vocab import FenceVocab
 
