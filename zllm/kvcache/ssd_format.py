@@ -35,11 +35,12 @@ from pathlib import Path
 import torch
 import xxhash
 
-from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name, slice_state
+from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name
 
 FORMAT = "zllm-kv-2"
 MAX_HEADER_BYTES = 1 << 20  # 1 MiB: thousands of layers' entries; anything larger is not ours
 CHUNK_TOKENS = 256  # the checksum granularity: a prefix restore reads at most this many tokens more per tensor
+PIECE_BYTES = 1 << 19  # a restore reads, checks and copies this much at a time: it stays in the CPU's cache
 MAX_CHECKSUMS = 1 << 15  # per blob (16 hex digits each: half the header cap); longer blobs get longer chunks
 _DIGITS = 16
 _ALIGN = 8
@@ -162,29 +163,38 @@ def read_range_into(f, header: BlobHeader, first: int, count: int, dest: KVState
                     layout: KVLayout, staging: torch.Tensor) -> None:
     """Copy the blob's tokens [first, first+count) into dest[..., dest_start:dest_start+count, :].
 
-    Token-major storage makes that one contiguous read per tensor: of the whole checksum chunks covering the
-    range (`header.chunk_span`), each checked before any of it is copied. `staging` is a flat uint8 buffer
-    large enough for one tensor's chunk span.
+    Token-major storage makes that one contiguous byte range per tensor: the whole checksum chunks covering
+    the tokens (`header.chunk_span`). It is read in pieces of about PIECE_BYTES, each checked and copied while
+    it is still in the CPU's cache (so the check costs hashing, not another trip through memory), and nothing
+    is copied before its chunk passed. `staging` is a flat uint8 buffer of at least one tensor's chunk span.
     """
     assert 0 <= first and 0 < count and first + count <= header.tokens
     low, high = header.chunk_span(first, count)
+    shift = dest_start - first  # blob token t lands at dest position t + shift
     for layer_index, (layer_extents, specs) in enumerate(zip(header.extents, layout.layers)):
         for tensor_index, (extent, spec) in enumerate(zip(layer_extents, specs)):
-            nbytes = (high - low) * extent.row_bytes
-            buffer = staging[:nbytes]
-            f.seek(extent.offset + low * extent.row_bytes)
-            if f.readinto(buffer.numpy().data) != nbytes:
-                raise SnapshotInvalid("blob ended early")  # the file changed under us since validation
-            first_chunk = low // header.chunk_tokens
-            got = chunk_checksums(buffer.numpy().data, extent.row_bytes, header.chunk_tokens)
-            if got != list(extent.checksums[first_chunk:first_chunk + len(got)]):
-                raise SnapshotInvalid(f"tensor {tensor_name(layer_index, tensor_index)} fails its checksum "
-                                      f"(tokens {low}-{high}: damaged on disk)")
-            skip = (first - low) * extent.row_bytes
-            rows = buffer[skip:skip + count * extent.row_bytes].view(spec.dtype).view(count, *spec.row_shape)
-            target = slice_state(dest, dest_start, dest_start + count)[layer_index][tensor_index]
-            # synchronous: the staging buffer is reused for the next tensor right away
-            target.copy_(rows.movedim(0, -2))
+            name, target = tensor_name(layer_index, tensor_index), dest[layer_index][tensor_index]
+            step = max(1, PIECE_BYTES // (extent.row_bytes * header.chunk_tokens)) * header.chunk_tokens
+            for piece in range(low, high, step):
+                rows = _checked_piece(f, header, extent, spec, name, piece, min(piece + step, high), staging)
+                lo, hi = max(piece, first), min(piece + step, first + count)  # the part the caller asked for
+                if lo < hi:  # synchronous: the staging buffer is reused for the next piece right away
+                    target[..., lo + shift:hi + shift, :].copy_(rows[lo - piece:hi - piece].movedim(0, -2))
+
+
+def _checked_piece(f, header: BlobHeader, extent: TensorExtent, spec, name: str, low: int, high: int,
+                   staging: torch.Tensor) -> torch.Tensor:
+    """Tokens [low, high) of one tensor (whole chunks), read into `staging` and checked: [n, *row_shape]."""
+    nbytes = (high - low) * extent.row_bytes
+    buffer = staging[:nbytes]
+    f.seek(extent.offset + low * extent.row_bytes)
+    if f.readinto(buffer.numpy().data) != nbytes:
+        raise SnapshotInvalid("blob ended early")  # the file changed under us since validation
+    first_chunk = low // header.chunk_tokens
+    got = chunk_checksums(buffer.numpy().data, extent.row_bytes, header.chunk_tokens)
+    if got != list(extent.checksums[first_chunk:first_chunk + len(got)]):
+        raise SnapshotInvalid(f"tensor {name} fails its checksum (tokens {low}-{high}: damaged on disk)")
+    return buffer.view(spec.dtype).view(high - low, *spec.row_shape)
 
 
 def _check_metadata(meta: object, layout: KVLayout, tokens: int, token_sha256: str) -> None:
