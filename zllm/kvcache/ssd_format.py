@@ -166,7 +166,7 @@ def read_range_into(f, header: BlobHeader, first: int, count: int, dest: KVState
     Token-major storage makes that one contiguous byte range per tensor: the whole checksum chunks covering
     the tokens (`header.chunk_span`). It is read in pieces of about PIECE_BYTES, each checked and copied while
     it is still in the CPU's cache (so the check costs hashing, not another trip through memory), and nothing
-    is copied before its chunk passed. `staging` is a flat uint8 buffer of at least one tensor's chunk span.
+    is copied before its chunk passed. `staging` is a flat uint8 buffer of at least `staging_bytes(...)`.
     """
     assert 0 <= first and 0 < count and first + count <= header.tokens
     low, high = header.chunk_span(first, count)
@@ -174,12 +174,24 @@ def read_range_into(f, header: BlobHeader, first: int, count: int, dest: KVState
     for layer_index, (layer_extents, specs) in enumerate(zip(header.extents, layout.layers)):
         for tensor_index, (extent, spec) in enumerate(zip(layer_extents, specs)):
             name, target = tensor_name(layer_index, tensor_index), dest[layer_index][tensor_index]
-            step = max(1, PIECE_BYTES // (extent.row_bytes * header.chunk_tokens)) * header.chunk_tokens
+            step = _piece_tokens(header, extent.row_bytes)
             for piece in range(low, high, step):
                 rows = _checked_piece(f, header, extent, spec, name, piece, min(piece + step, high), staging)
                 lo, hi = max(piece, first), min(piece + step, first + count)  # the part the caller asked for
                 if lo < hi:  # synchronous: the staging buffer is reused for the next piece right away
                     target[..., lo + shift:hi + shift, :].copy_(rows[lo - piece:hi - piece].movedim(0, -2))
+
+
+def staging_bytes(header: BlobHeader, first: int, count: int) -> int:
+    """The staging buffer `read_range_into(header, first, count, ...)` needs: its largest piece."""
+    low, high = header.chunk_span(first, count)
+    return max(min(high - low, _piece_tokens(header, extent.row_bytes)) * extent.row_bytes
+               for layer in header.extents for extent in layer)
+
+
+def _piece_tokens(header: BlobHeader, row_bytes: int) -> int:
+    """Whole chunks, about PIECE_BYTES of them (at least one chunk)."""
+    return max(1, PIECE_BYTES // (row_bytes * header.chunk_tokens)) * header.chunk_tokens
 
 
 def _checked_piece(f, header: BlobHeader, extent: TensorExtent, spec, name: str, low: int, high: int,

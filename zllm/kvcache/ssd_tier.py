@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, write_blob
+from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
 from zllm.kvcache.ssd_index import SnapshotRow, blob_name, open_index, pack_tokens, token_sha256
 from zllm.kvcache.ssd_maintenance import Maintenance
 from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
@@ -235,9 +235,8 @@ class SnapshotStore(Maintenance):
                 header = read_header(f, os.fstat(f.fileno()).st_size, self.layout, current.own_length,
                                      current.own_token_sha256)
                 opened[-1] = (f, header)
-            row_bytes = max(spec.row_bytes for layer in self.layout.layers for spec in layer)
-            spans = [header.chunk_span(first, count) for (_, header), (_, first, count, _) in zip(opened, segments)]
-            staging = pool.staging(max(high - low for low, high in spans) * row_bytes)  # whole checksum chunks
+            staging = pool.staging(max(staging_bytes(header, first, count)
+                                       for (_, header), (_, first, count, _) in zip(opened, segments)))
             for (f, header), (current, first, count, start) in zip(opened, segments):
                 read_range_into(f, header, first, count, dest, start, self.layout, staging)
         except (OSError, SnapshotInvalid) as exc:
