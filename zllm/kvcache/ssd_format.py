@@ -12,11 +12,13 @@ Tensors are stored **token-major** (`[tokens, *row_shape]`, the in-memory `[1, k
 with the token axis moved to the front), so the first `n` tokens of a tensor are one contiguous byte range:
 a restore of a prefix reads only that prefix.
 
-Every tensor's bytes are checksummed in chunks of `chunk_tokens` tokens (XXH3-64 via xxhash: ~25 GB/s, so
-checking costs a few percent of the read; it guards against damage, not against someone who can write the
-cache directory, who could as well write the index). A restore reads whole chunks and checks each before a
-byte of it is copied into the destination: a flipped bit or NaNs written over a tensor is `SnapshotInvalid`,
-never served. Blobs of the previous format ("zllm-kv-1", no checksums) fail the format check the same way.
+Every tensor's bytes are checksummed in chunks of `chunk_tokens` tokens (XXH3-64 via xxhash, the fastest
+well-kept non-cryptographic hash: it guards against damage, not against someone who can write the cache
+directory, who could as well write the index). A restore reads whole chunks, in pieces small enough to stay
+in the CPU's cache while they are hashed and copied, and checks each before a byte of it is copied into the
+destination: a flipped bit or NaNs written over a tensor is `SnapshotInvalid`, never served
+(bench/ssd_checksum.py measures what the check adds to a restore). Blobs of the previous format
+("zllm-kv-1", no checksums) fail the format check the same way: a miss, set aside.
 
 `read_header` validates everything before the caller allocates anything: header length against a cap
 and the file size, JSON shape, names, dtypes, shapes (against the expected layout and token count), that
