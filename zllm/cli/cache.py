@@ -78,9 +78,10 @@ def _stats_lines(d: dict) -> list[tuple[str, str]]:
     ]
     if "ssd_bytes" in d:
         lines.append(("ssd tier", f"{human_size(d['ssd_bytes'])} of {human_size(d.get('ssd_budget_bytes', 0))} "
-                                  f"({percent(d.get('ssd_fill'))}), {d.get('ssd_snapshots', 0)} snapshots"))
+                                  f"({percent(d.get('ssd_fill'))}), {d.get('ssd_snapshots', 0)} snapshots"
+                                  + _set_aside(d)))
     else:
-        lines.append(("ssd tier", "off"))
+        lines.append(("ssd tier", f"off ({d['ssd_off']})" if d.get("ssd_off") else "off"))
     cold = requests - d.get("device_hits", 0) - d.get("ssd_hits", 0)
     lines += [
         ("requests", f"{requests}: {d.get('device_hits', 0)} device hits ({percent(d.get('device_hit_rate'))}), "
@@ -90,6 +91,13 @@ def _stats_lines(d: dict) -> list[tuple[str, str]]:
         ("near misses", str(d.get("near_misses", 0))),
     ]
     return lines
+
+
+def _set_aside(d: dict) -> str:
+    """What the SSD tier took out of service as damaged (kept in its quarantine directory)."""
+    parts = [f"{n} damaged set aside" for n in [d.get("ssd_quarantined", 0)] if n]
+    parts += ["its index set aside"] if d.get("ssd_index_set_aside") else []
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 @cache_app.command("prune")

@@ -100,6 +100,8 @@ def notes(r: dict) -> str:
         parts.append("tools: " + ", ".join(r["tool_calls"]))
     if r.get("near_miss"):
         parts.append(r["near_miss"])
+    if r.get("cache_rejected"):
+        parts.append(r["cache_rejected"])
     if r.get("error"):
         parts.append(f"error: {r['error']}")
     parts += list(r.get("notes") or [])

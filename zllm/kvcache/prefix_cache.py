@@ -34,7 +34,7 @@ from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import unpack_tokens
 from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 from zllm.kvcache.state import KVLayout, KVState, clone_state, copy_into, slice_state
-from zllm.kvcache.tiers import CacheTiers
+from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -71,6 +71,7 @@ class Lease:
     hint: str | None = None
     restore_s: float = 0.0
     near_miss: NearMiss | None = None
+    rejected: str | None = None  # why an SSD snapshot this request would have restored was set aside (trace)
     # acquired with defer=True: an SSD read still to run (read_ssd on any thread, then complete_ssd), and the
     # near-miss diagnosis still to make (any thread); both None once done or when there is nothing to do
     pending: SsdMatch | None = None
@@ -84,8 +85,10 @@ class Lease:
 class PrefixCache(CacheTiers):
     def __init__(self, config: CacheConfig, layout: KVLayout, device: torch.device | str, *,
                  decode: Callable[[Sequence[int]], str] | None = None, cost_key: str = ""):
-        store = SnapshotStore(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
-        super().__init__(config, store, f"cost:{layout.key}:{torch.device(device).type}:{cost_key}", decode)
+        store, ssd_off = open_ssd_tier(partial(SnapshotStore, config.ssd_dir, layout, config.ssd_budget_bytes)) \
+            if config.ssd_dir else (None, None)
+        super().__init__(config, store, f"cost:{layout.key}:{torch.device(device).type}:{cost_key}", decode,
+                         ssd_off)
         self.layout = layout
         self.device_tier = DeviceTier(config.device_budget_bytes, max(config.rounds, 1))
         self.pool = BufferPool(layout, device)
@@ -155,6 +158,7 @@ class PrefixCache(CacheTiers):
                 raise outcome
             with self._lock:
                 self.counters["ssd_rejected"] += 1
+            lease.rejected = f"SSD snapshot {match.row.id} set aside: {outcome}"
             log.warning("kv cache: SSD snapshot rejected, prefilling instead: %s", outcome)
             return
         self.cost.observe_restore(outcome, lease.restore_s)

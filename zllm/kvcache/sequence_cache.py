@@ -35,7 +35,7 @@ from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, Sequence
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import unpack_tokens
 from zllm.kvcache.state import common_prefix_length
-from zllm.kvcache.tiers import CacheTiers
+from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -90,6 +90,7 @@ class SequenceLease:
     hint: str | None = None
     restore_s: float = 0.0
     near_miss: NearMiss | None = None
+    rejected: str | None = None  # why an SSD snapshot this request would have restored was set aside (trace)
     # acquired with defer=True: the SSD snapshot still to read (read_ssd, any thread; then complete_ssd on the
     # engine thread) and the near-miss diagnosis still to make (any thread)
     pending: SequenceMatch | None = None
@@ -105,8 +106,9 @@ class SequencePrefixCache(CacheTiers):
                  layout: str, spare_sequences: int = 9, decode: Callable[[Sequence[int]], str] | None = None):
         """`layout` names what makes a saved state loadable (model, backend, KV types); `spare_sequences` are
         kept free for rows about to start (the batch size plus one)."""
-        store = SequenceSnapshots(config.ssd_dir, layout, config.ssd_budget_bytes) if config.ssd_dir else None
-        super().__init__(config, store, f"cost:seq:{layout}", decode)
+        store, ssd_off = open_ssd_tier(partial(SequenceSnapshots, config.ssd_dir, layout, config.ssd_budget_bytes)) \
+            if config.ssd_dir else (None, None)
+        super().__init__(config, store, f"cost:seq:{layout}", decode, ssd_off)
         self.engine = engine
         self.cells = cells
         self.bytes_per_token = bytes_per_token
@@ -186,6 +188,7 @@ class SequencePrefixCache(CacheTiers):
             raise outcome
         with self._lock:
             self.counters["ssd_rejected"] += 1
+        lease.rejected = f"SSD snapshot {match.row.id} set aside: {outcome}"
         log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, outcome)
 
     def _outcome(self, lease: SequenceLease) -> memoryview | BaseException:

@@ -1,6 +1,6 @@
 """The SSD tier for engines that hold their own KV (llama.cpp): one opaque state blob per snapshot.
 
-    <cache_dir>/kv-<backend>/index.sqlite + blobs/<gen>.seqstate + quarantine/
+    <cache_dir>/kv-<backend>/index.sqlite + blobs/<gen>.seqstate + quarantine/ (see set_aside.py)
 
 A blob is a backend's exported sequence state (`llama_state_seq_get_data`), framed so that a read can trust
 nothing it did not check:
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sqlite3
 import struct
 import threading
@@ -34,8 +33,9 @@ from pathlib import Path
 import xxhash
 
 from zllm.kvcache.row_index import RowTable
+from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.ssd_format import SnapshotInvalid
-from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, pack_tokens, token_sha256
+from zllm.kvcache.ssd_index import SnapshotRow, open_index, pack_tokens, token_sha256
 from zllm.kvcache.state import common_prefix_length
 from zllm.private_files import private_dir
 
@@ -84,7 +84,9 @@ class SequenceSnapshots:
         self.blobs, self.quarantine_dir = self.directory / "blobs", self.directory / "quarantine"
         for d in (self.directory, self.blobs, self.quarantine_dir):
             private_dir(d)  # snapshots decode back to prompts: this user's only
-        self.index = self._open_index()
+        # garbage or from a newer zllm: set aside, start empty; locked by another process: IndexLocked
+        self.index, index_set_aside = open_index(self.directory / "index.sqlite", self.quarantine_dir)
+        self.index_set_aside = int(index_set_aside is not None)
         self._lock = threading.Lock()
         self.rows: RowTable = RowTable()
         self.quarantined = 0
@@ -93,35 +95,28 @@ class SequenceSnapshots:
 
     # ------------------------------------------------------------------ startup
 
-    def _open_index(self) -> SnapshotIndex:
-        path = self.directory / "index.sqlite"
-        try:
-            index = SnapshotIndex(path)
-            index.load()
-            return index
-        except sqlite3.DatabaseError as exc:  # garbage, or from a future version: set aside, start empty
-            log.warning("kv cache: SSD index %s is unreadable (%s); set aside, starting empty", path, exc)
-            self._set_aside(path)
-            for suffix in ("-wal", "-shm"):
-                self._set_aside(path.with_name(path.name + suffix))
-            return SnapshotIndex(path)
-
     def _recover(self) -> int:
-        """Load the index; drop rows whose blob is missing, files no row names, and half-written temps."""
+        """Load the index; drop rows whose blob is missing or not a file (counted as quarantined), files no row
+        names, and half-written temps. Blob contents are checked when read."""
         rows, bad = self.index.load()
         kept = {}
         for row in rows:
-            if (self.blobs / blob_file(row.generation)).is_file() and row.parent is None:
+            path = self.blobs / blob_file(row.generation)
+            if path.is_file() and row.parent is None:
                 kept[row.id] = row
             else:
                 bad.append(row.id)
+                self.quarantined += row.parent is None  # a blob gone or replaced (a parent is a forged row)
         if bad:
             self.index.delete(bad)
         named = {blob_file(row.generation) for row in kept.values()}
         for path in self.blobs.iterdir():
             if path.name not in named:
-                self._set_aside(path) if path.is_dir() else path.unlink(missing_ok=True)
+                self._set_aside(path) if path.is_dir() else remove(path)
         self.rows = RowTable(kept)  # indexed for the longest-prefix lookup
+        if self.quarantined or self.index_set_aside:
+            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s", len(kept),
+                        self.quarantined, ", the index set aside" if self.index_set_aside else "")
         return max((row.generation for row in kept.values()), default=self.index.max_generation()) + 1
 
     # ------------------------------------------------------------------ lookups and reads (engine thread)
@@ -165,9 +160,13 @@ class SequenceSnapshots:
     def quarantine(self, row: SnapshotRow) -> None:
         with self._lock:
             self.rows.pop(row.id, None)
-        self.index.delete([row.id])
+            self._touches.pop(row.id, None)
+            self.quarantined += 1
+        try:
+            self.index.delete([row.id])
+        except sqlite3.Error as exc:  # locked by another process, say: out of service in memory regardless
+            log.warning("kv cache: cannot drop quarantined row %s from the index (%s)", row.id, exc)
         self._set_aside(self.blobs / blob_file(row.generation))
-        self.quarantined += 1
 
     # ------------------------------------------------------------------ writes (writer thread)
 
@@ -199,7 +198,10 @@ class SequenceSnapshots:
         with self._lock:
             touches, self._touches = self._touches, {}
         if touches:
-            self.index.touch([(row.last_used, row.hits, row.id) for row in touches.values()])
+            try:
+                self.index.touch([(row.last_used, row.hits, row.id) for row in touches.values()])
+            except sqlite3.Error as exc:  # recency only: losing it must not fail a shutdown
+                log.warning("kv cache: cannot record snapshot use in the index (%s)", exc)
 
     # ------------------------------------------------------------------ maintenance (any thread)
 
@@ -210,7 +212,8 @@ class SequenceSnapshots:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"snapshots": len(self.rows), "bytes": sum(r.nbytes for r in self.rows.values()),
-                    "budget_bytes": self.budget_bytes, "quarantined": self.quarantined}
+                    "budget_bytes": self.budget_bytes, "quarantined": self.quarantined,
+                    "index_set_aside": self.index_set_aside}
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None) -> list[str]:
@@ -266,14 +269,8 @@ class SequenceSnapshots:
             (self.blobs / blob_file(row.generation)).unlink(missing_ok=True)
 
     def _set_aside(self, path: Path) -> None:
-        if not path.exists() and not path.is_symlink():
-            return
-        target = self.quarantine_dir / f"{path.name}.{time.time_ns()}"
-        try:
-            os.replace(path, target)
-        except OSError:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        log.warning("kv cache: set aside %s", path.name)
+        if set_aside(path, self.quarantine_dir):
+            log.warning("kv cache: set aside %s", path.name)
 
 
 def _read_frame(path: Path, layout: str, row: SnapshotRow) -> memoryview:

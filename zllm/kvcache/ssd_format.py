@@ -2,14 +2,23 @@
 
     [u64 LE header_len][header JSON, space-padded to 8 bytes][tensor data, back to back, no gaps]
 
-    header = {"__metadata__": {"format": "zllm-kv-1", "layout": "<KVLayout.key>", "tokens": "600",
-                               "token_sha256": "<sha256 of the blob's own token ids, int32 LE>"},
+    header = {"__metadata__": {"format": "zllm-kv-2", "layout": "<KVLayout.key>", "tokens": "600",
+                               "token_sha256": "<sha256 of the blob's own token ids, int32 LE>",
+                               "chunk_tokens": "256", "xxh3_64": "<16 hex digits per chunk per tensor>"},
               "0.0": {"dtype": "F32", "shape": [600, 1, 2, 16], "data_offsets": [0, 76800]},   # layer 0, k
               "0.1": {...}, "1.0": {...}, ...}                                                  # layer 0, v; ...
 
 Tensors are stored **token-major** (`[tokens, *row_shape]`, the in-memory `[1, kv_heads, tokens, head_dim]`
 with the token axis moved to the front), so the first `n` tokens of a tensor are one contiguous byte range:
 a restore of a prefix reads only that prefix.
+
+Every tensor's bytes are checksummed in chunks of `chunk_tokens` tokens (XXH3-64 via xxhash, the fastest
+well-kept non-cryptographic hash: it guards against damage, not against someone who can write the cache
+directory, who could as well write the index). A restore reads whole chunks, in pieces small enough to stay
+in the CPU's cache while they are hashed and copied, and checks each before a byte of it is copied into the
+destination: a flipped bit or NaNs written over a tensor is `SnapshotInvalid`, never served
+(bench/ssd_checksum.py measures what the check adds to a restore). Blobs of the previous format
+("zllm-kv-1", no checksums) fail the format check the same way: a miss, set aside.
 
 `read_header` validates everything before the caller allocates anything: header length against a cap
 and the file size, JSON shape, names, dtypes, shapes (against the expected layout and token count), that
@@ -26,11 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 
-from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name, slice_state
+from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name
 
-FORMAT = "zllm-kv-1"
+FORMAT = "zllm-kv-2"
 MAX_HEADER_BYTES = 1 << 20  # 1 MiB: thousands of layers' entries; anything larger is not ours
+CHUNK_TOKENS = 256  # the checksum granularity: a prefix restore reads at most this many tokens more per tensor
+PIECE_BYTES = 1 << 19  # a restore reads, checks and copies this much at a time: it stays in the CPU's cache
+MAX_CHECKSUMS = 1 << 15  # per blob (16 hex digits each: half the header cap); longer blobs get longer chunks
+_DIGITS = 16
 _ALIGN = 8
 
 
@@ -43,12 +57,34 @@ class TensorExtent:
     offset: int  # absolute file offset of the tensor's first byte
     nbytes: int
     row_bytes: int  # bytes per token
+    checksums: tuple[str, ...] = ()  # XXH3-64 hex per chunk of the header's chunk_tokens tokens
 
 
 @dataclass(frozen=True)
 class BlobHeader:
     tokens: int
     extents: tuple[tuple[TensorExtent, ...], ...]  # per layer, per tensor
+    chunk_tokens: int = CHUNK_TOKENS
+
+    def chunk_span(self, first: int, count: int) -> tuple[int, int]:
+        """The whole chunks covering tokens [first, first+count): what a checked read of them reads."""
+        low = first // self.chunk_tokens * self.chunk_tokens
+        high = min(-(-(first + count) // self.chunk_tokens) * self.chunk_tokens, self.tokens)
+        return low, high
+
+
+def chunk_tokens_for(tokens: int, tensors: int) -> int:
+    """The checksum chunk: CHUNK_TOKENS, doubled until the blob's checksums fit MAX_CHECKSUMS."""
+    chunk = CHUNK_TOKENS
+    while -(-tokens // chunk) * tensors > MAX_CHECKSUMS:
+        chunk *= 2
+    return chunk
+
+
+def chunk_checksums(data: memoryview, row_bytes: int, chunk_tokens: int) -> list[str]:
+    """XXH3-64 of each `chunk_tokens`-token piece of one tensor's token-major bytes (the last may be shorter)."""
+    step = row_bytes * chunk_tokens
+    return [xxhash.xxh3_64_hexdigest(data[i:i + step]) for i in range(0, len(data), step)]
 
 
 def tensor_name(layer: int, index: int) -> str:
@@ -63,14 +99,19 @@ def write_blob(path: Path, state: KVState, layout: KVLayout, token_sha256: str) 
     """
     tokens = layout.check(state)
     rows = [[t.movedim(-2, 0).contiguous().cpu() for t in layer] for layer in state]  # [tokens, *row_shape]
-    header: dict[str, object] = {"__metadata__": {
-        "format": FORMAT, "layout": layout.key, "tokens": str(tokens), "token_sha256": token_sha256}}
+    chunk = chunk_tokens_for(tokens, sum(len(layer) for layer in rows))
+    checksums: list[str] = []
+    header: dict[str, object] = {"__metadata__": {}}  # filled once the checksums are known; first, as is usual
     offset = 0
     for i, layer in enumerate(rows):
         for j, t in enumerate(layer):
             header[tensor_name(i, j)] = {"dtype": dtype_name(t.dtype), "shape": list(t.shape),
                                          "data_offsets": [offset, offset + t.nbytes]}
             offset += t.nbytes
+            flat = t.view(torch.uint8).view(-1).numpy().data
+            checksums += chunk_checksums(flat, layout.layers[i][j].row_bytes, chunk)
+    header["__metadata__"] = {"format": FORMAT, "layout": layout.key, "tokens": str(tokens),
+                              "token_sha256": token_sha256, "chunk_tokens": str(chunk), "xxh3_64": "".join(checksums)}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % _ALIGN)
     with open(path, "wb") as f:
@@ -98,7 +139,9 @@ def read_header(f, file_size: int, layout: KVLayout, tokens: int, token_sha256: 
         raise SnapshotInvalid(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise SnapshotInvalid("header is not a JSON object")
-    _check_metadata(header.pop("__metadata__", None), layout, tokens, token_sha256)
+    meta = header.pop("__metadata__", None)
+    _check_metadata(meta, layout, tokens, token_sha256)
+    chunk, checksums = _checksums(meta, tokens, sum(len(layer) for layer in layout.layers))
     expected_names = {tensor_name(i, j) for i, layer in enumerate(layout.layers) for j in range(len(layer))}
     if set(header) != expected_names:
         raise SnapshotInvalid("tensor names do not match the layout")
@@ -111,32 +154,61 @@ def read_header(f, file_size: int, layout: KVLayout, tokens: int, token_sha256: 
             if begin != cursor:  # tensors tile the data area in order: no gap, no overlap
                 raise SnapshotInvalid(f"tensor {tensor_name(i, j)} does not start where the previous ended")
             cursor = end
-            layer_extents.append(TensorExtent(data_start + begin, end - begin, spec.row_bytes))
+            layer_extents.append(TensorExtent(data_start + begin, end - begin, spec.row_bytes, next(checksums)))
         extents.append(tuple(layer_extents))
     if data_start + cursor != file_size:
         raise SnapshotInvalid(f"file is {file_size} bytes, header accounts for {data_start + cursor}")
-    return BlobHeader(tokens, tuple(extents))
+    return BlobHeader(tokens, tuple(extents), chunk)
 
 
 def read_range_into(f, header: BlobHeader, first: int, count: int, dest: KVState, dest_start: int,
                     layout: KVLayout, staging: torch.Tensor) -> None:
     """Copy the blob's tokens [first, first+count) into dest[..., dest_start:dest_start+count, :].
 
-    Token-major storage makes that one contiguous read per tensor. `staging` is a flat uint8 buffer large
-    enough for one tensor's `count` tokens.
+    Token-major storage makes that one contiguous byte range per tensor: the whole checksum chunks covering
+    the tokens (`header.chunk_span`). It is read in pieces of about PIECE_BYTES, each checked and copied while
+    it is still in the CPU's cache (so the check costs hashing, not another trip through memory), and nothing
+    is copied before its chunk passed. `staging` is a flat uint8 buffer of at least `staging_bytes(...)`.
     """
     assert 0 <= first and 0 < count and first + count <= header.tokens
+    low, high = header.chunk_span(first, count)
+    shift = dest_start - first  # blob token t lands at dest position t + shift
     for layer_index, (layer_extents, specs) in enumerate(zip(header.extents, layout.layers)):
         for tensor_index, (extent, spec) in enumerate(zip(layer_extents, specs)):
-            nbytes = count * extent.row_bytes
-            buffer = staging[:nbytes]
-            f.seek(extent.offset + first * extent.row_bytes)
-            if f.readinto(buffer.numpy().data) != nbytes:
-                raise SnapshotInvalid("blob ended early")  # the file changed under us since validation
-            rows = buffer.view(spec.dtype).view(count, *spec.row_shape)  # [count, *row_shape]
-            target = slice_state(dest, dest_start, dest_start + count)[layer_index][tensor_index]
-            # synchronous: the staging buffer is reused for the next tensor right away
-            target.copy_(rows.movedim(0, -2))
+            name, target = tensor_name(layer_index, tensor_index), dest[layer_index][tensor_index]
+            step = _piece_tokens(header, extent.row_bytes)
+            for piece in range(low, high, step):
+                rows = _checked_piece(f, header, extent, spec, name, piece, min(piece + step, high), staging)
+                lo, hi = max(piece, first), min(piece + step, first + count)  # the part the caller asked for
+                if lo < hi:  # synchronous: the staging buffer is reused for the next piece right away
+                    target[..., lo + shift:hi + shift, :].copy_(rows[lo - piece:hi - piece].movedim(0, -2))
+
+
+def staging_bytes(header: BlobHeader, first: int, count: int) -> int:
+    """The staging buffer `read_range_into(header, first, count, ...)` needs: its largest piece."""
+    low, high = header.chunk_span(first, count)
+    return max(min(high - low, _piece_tokens(header, extent.row_bytes)) * extent.row_bytes
+               for layer in header.extents for extent in layer)
+
+
+def _piece_tokens(header: BlobHeader, row_bytes: int) -> int:
+    """Whole chunks, about PIECE_BYTES of them (at least one chunk)."""
+    return max(1, PIECE_BYTES // (row_bytes * header.chunk_tokens)) * header.chunk_tokens
+
+
+def _checked_piece(f, header: BlobHeader, extent: TensorExtent, spec, name: str, low: int, high: int,
+                   staging: torch.Tensor) -> torch.Tensor:
+    """Tokens [low, high) of one tensor (whole chunks), read into `staging` and checked: [n, *row_shape]."""
+    nbytes = (high - low) * extent.row_bytes
+    buffer = staging[:nbytes]
+    f.seek(extent.offset + low * extent.row_bytes)
+    if f.readinto(buffer.numpy().data) != nbytes:
+        raise SnapshotInvalid("blob ended early")  # the file changed under us since validation
+    first_chunk = low // header.chunk_tokens
+    got = chunk_checksums(buffer.numpy().data, extent.row_bytes, header.chunk_tokens)
+    if got != list(extent.checksums[first_chunk:first_chunk + len(got)]):
+        raise SnapshotInvalid(f"tensor {name} fails its checksum (tokens {low}-{high}: damaged on disk)")
+    return buffer.view(spec.dtype).view(high - low, *spec.row_shape)
 
 
 def _check_metadata(meta: object, layout: KVLayout, tokens: int, token_sha256: str) -> None:
@@ -146,6 +218,21 @@ def _check_metadata(meta: object, layout: KVLayout, tokens: int, token_sha256: s
     for key, value in want.items():
         if meta.get(key) != value:
             raise SnapshotInvalid(f"metadata {key}={meta.get(key)!r}, expected {value!r}")
+
+
+def _checksums(meta: dict, tokens: int, tensors: int):
+    """(chunk tokens, an iterator over each tensor's tuple of chunk checksums), validated against the sizes."""
+    chunk_text, digits = meta.get("chunk_tokens"), meta.get("xxh3_64")
+    if not isinstance(chunk_text, str) or not chunk_text.isdigit() or not isinstance(digits, str):
+        raise SnapshotInvalid("no tensor checksums")
+    chunk = int(chunk_text)
+    if chunk != chunk_tokens_for(tokens, tensors):
+        raise SnapshotInvalid(f"checksum chunk of {chunk} tokens, expected {chunk_tokens_for(tokens, tensors)}")
+    per_tensor = -(-tokens // chunk)
+    if len(digits) != tensors * per_tensor * _DIGITS:
+        raise SnapshotInvalid("checksums do not cover the tensors")
+    sums = [digits[i:i + _DIGITS] for i in range(0, len(digits), _DIGITS)]
+    return chunk, iter(tuple(sums[i:i + per_tensor]) for i in range(0, len(sums), per_tensor))
 
 
 def _check_tensor(info: object, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]:

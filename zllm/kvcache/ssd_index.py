@@ -8,6 +8,10 @@ holds tokens [parent_len, length). Conversations therefore store each turn's new
               hint_key, created, last_used, hits)
     meta(key TEXT PRIMARY KEY, value TEXT)    e.g. measured restore/recompute rates
 
+The schema's version is sqlite's `user_version` (0: written before it was set, the same schema). An index
+that is not a database, or is from a newer zllm, is set aside whole and the tier starts empty (`open_index`);
+one that another process holds locked cannot be set aside (it is in use): `IndexLocked`, the tier stays off.
+
 The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__` and the store's
 parent checks); a row is inserted only after its blob is durable (ssd_tier.py's commit protocol), in one
 sqlite transaction, so a crash leaves the old index or the new one.
@@ -16,11 +20,18 @@ sqlite transaction, so a crash leaves the old index or the new one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from zllm.kvcache.set_aside import set_aside
+
+log = logging.getLogger("zllm.kvcache")
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0  # how long to wait out another connection's lock before calling the index locked
 MAX_TOKENS = 1 << 21  # a row claiming more tokens than any context window is not ours
 
 _SCHEMA = """
@@ -93,14 +104,58 @@ def blob_name(generation: int) -> str:
     return f"{generation:016x}.safetensors"
 
 
+class IndexLocked(Exception):
+    """Another process holds the index locked: it is in use, so it is neither read nor set aside."""
+
+
+class IndexFromAnotherVersion(sqlite3.DatabaseError):
+    """The index's schema version is newer than this zllm's."""
+
+
+def open_index(path: Path, quarantine_dir: Path) -> tuple[SnapshotIndex, str | None]:
+    """(the index at `path`, why the one found there was set aside or None). Raises IndexLocked."""
+    try:
+        index = SnapshotIndex(path)
+    except sqlite3.DatabaseError as exc:
+        if _is_locked(exc):
+            raise IndexLocked(f"{path} is locked by another process ({exc})") from exc
+        reason = f"{path.name} is unreadable ({exc})"
+    else:
+        try:
+            index.load()  # a damaged page shows when the rows are read, not at connect
+            return index, None
+        except sqlite3.DatabaseError as exc:
+            index.close()
+            if _is_locked(exc):
+                raise IndexLocked(f"{path} is locked by another process ({exc})") from exc
+            reason = f"{path.name} is unreadable ({exc})"
+    log.warning("kv cache: SSD index %s; set aside, starting empty", reason)
+    for suffix in ("-wal", "-shm", ""):  # the index's journal goes with it: it would replay into the new one
+        set_aside(path.with_name(path.name + suffix), quarantine_dir)
+    return SnapshotIndex(path), reason
+
+
+def _is_locked(exc: sqlite3.DatabaseError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 class SnapshotIndex:
     """Thin sqlite wrapper; callers serialize access (SnapshotStore holds a lock around every call)."""
 
     def __init__(self, path: Path):
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a committed row survives power loss, like its blob
-        self._db.executescript(_SCHEMA)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a committed row survives power loss, like its blob
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise IndexFromAnotherVersion(f"schema version {version}, this zllm reads up to {SCHEMA_VERSION}")
+            self._db.executescript(_SCHEMA)
+            if version < SCHEMA_VERSION:
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()

@@ -8,17 +8,16 @@ never a row pointing at nothing. A snapshot whose parent goes, goes too (its KV 
 from __future__ import annotations
 
 import logging
-import os
+import sqlite3
 import time
 from pathlib import Path
 
 from zllm.kvcache.row_index import RowTable
+from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header
 from zllm.kvcache.ssd_index import SnapshotRow
 
 log = logging.getLogger("zllm.kvcache")
-
-QUARANTINE_KEEP = 16  # quarantined blobs kept for inspection; older ones are deleted
 
 
 class Maintenance:
@@ -40,15 +39,22 @@ class Maintenance:
         for path in self.blobs.iterdir():
             generations.append(_generation_of(path))
             if path.name not in referenced:  # renamed but never indexed, or a delete cut short
-                path.unlink(missing_ok=True)
+                set_aside(path, self.quarantine_dir) if path.is_dir() else remove(path)  # a directory is not ours
         self._next_generation = max(generations) + 1
+        damaged, index_set_aside = self.counters["quarantined"], self.counters["index_set_aside"]
+        if damaged or index_set_aside:
+            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s", len(self.rows),
+                        damaged, ", the index set aside" if index_set_aside else "")
 
     def _unsound(self, row: SnapshotRow) -> str | None:
         """Why `row` cannot be trusted structurally (blob contents are validated when read), or None."""
+        path = self.blobs / row.blob_name
         try:
-            size = (self.blobs / row.blob_name).stat().st_size
+            size = path.stat().st_size
         except OSError:
             return "blob missing"
+        if not path.is_file():
+            return "blob is not a file"
         if size != row.nbytes:
             return f"blob is {size} bytes, index says {row.nbytes}"
         if row.parent is None:
@@ -79,19 +85,17 @@ class Maintenance:
             if row is None:
                 return
             victims = [row_id, *self._descendants(row_id)]
-            self.index.delete(victims)
+            try:
+                self.index.delete(victims)
+            except sqlite3.Error as exc:  # locked by another process, say: out of service in memory regardless;
+                log.warning("kv cache: cannot drop quarantined rows from the index (%s)", exc)  # no blob next open
             removed = [self.rows.pop(v) for v in victims]
+            self._touched.difference_update(victims)
             self.counters["quarantined"] += 1
         log.warning("kv cache: quarantined snapshot %s (%s) and %d built on it", row_id, reason, len(victims) - 1)
-        try:
-            os.replace(self.blobs / row.blob_name, self.quarantine_dir / row.blob_name)
-        except OSError:
-            pass
+        set_aside(self.blobs / row.blob_name, self.quarantine_dir)
         for other in removed[1:]:
-            (self.blobs / other.blob_name).unlink(missing_ok=True)
-        kept = sorted(self.quarantine_dir.iterdir(), key=lambda p: p.stat().st_mtime)
-        for path in kept[:-QUARANTINE_KEEP]:
-            path.unlink(missing_ok=True)
+            remove(self.blobs / other.blob_name)
 
     def _remove(self, ids: list[str]) -> int:
         """Delete rows (index first, then files); returns bytes freed."""
@@ -101,7 +105,7 @@ class Maintenance:
             removed = [self.rows.pop(i) for i in ids]
             self._touched.difference_update(ids)
         for row in removed:
-            (self.blobs / row.blob_name).unlink(missing_ok=True)
+            remove(self.blobs / row.blob_name)
         return sum(row.nbytes for row in removed)
 
     def _descendants(self, row_id: str) -> list[str]:
@@ -176,7 +180,10 @@ class Maintenance:
             updates = [(self.rows[i].last_used, self.rows[i].hits, i) for i in self._touched if i in self.rows]
             self._touched.clear()
             if updates:
-                self.index.touch(updates)
+                try:
+                    self.index.touch(updates)
+                except sqlite3.Error as exc:  # recency only: losing it must not fail a shutdown
+                    log.warning("kv cache: cannot record snapshot use in the index (%s)", exc)
 
     def close(self) -> None:
         self.flush_touches()

@@ -7,8 +7,10 @@ Commit protocol (kill -9 at any instant leaves the old or the new state, never a
     3. insert the index row (one sqlite transaction)  only now can a lookup see the snapshot
     Deletion runs the other way round: row first, then the file.
 
-Reads treat disk as untrusted (ssd_format.py validates every blob before anything is allocated for it); a
-snapshot that fails is quarantined with its descendants and the lookup is a miss, never a crash.
+Reads treat disk as untrusted (ssd_format.py validates every blob before anything is allocated for it, and
+checks every tensor chunk's checksum before it is copied); a snapshot that fails is quarantined with its
+descendants and the lookup is a miss, never a crash. An index that is garbage or from a newer zllm is set
+aside at open (ssd_index.open_index) and the tier starts empty.
 
 Lookups are per namespace over the in-memory mirror of the index: an exact id / client key hint (verified:
 its tokens must be a prefix of the request), else the snapshot sharing the longest prefix with the request
@@ -26,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, write_blob
-from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, blob_name, pack_tokens, token_sha256
+from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
+from zllm.kvcache.ssd_index import SnapshotRow, blob_name, open_index, pack_tokens, token_sha256
 from zllm.kvcache.ssd_maintenance import Maintenance
 from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
 from zllm.private_files import private_dir
@@ -82,9 +84,10 @@ class SnapshotStore(Maintenance):
         self._lock = threading.RLock()
         self._pinned: dict[str, int] = {}  # rows being read or used as a parent: never deleted meanwhile
         self._touched: set[str] = set()  # rows whose last_used/hits changed since the last flush
-        self.index = SnapshotIndex(self.directory / "index.sqlite")
+        self.index, index_set_aside = open_index(self.directory / "index.sqlite", self.quarantine_dir)
         self.rows: dict[str, SnapshotRow] = {}
-        self.counters = {"writes": 0, "writes_skipped": 0, "restores": 0, "quarantined": 0, "evicted": 0}
+        self.counters = {"writes": 0, "writes_skipped": 0, "restores": 0, "quarantined": 0, "evicted": 0,
+                         "index_set_aside": int(index_set_aside is not None)}
         self._recover()
 
     # ------------------------------------------------------------------ lookup and restore (engine thread)
@@ -233,8 +236,8 @@ class SnapshotStore(Maintenance):
                 header = read_header(f, os.fstat(f.fileno()).st_size, self.layout, current.own_length,
                                      current.own_token_sha256)
                 opened[-1] = (f, header)
-            row_bytes = max(spec.row_bytes for layer in self.layout.layers for spec in layer)
-            staging = pool.staging(max(count for _, _, count, _ in segments) * row_bytes)
+            staging = pool.staging(max(staging_bytes(header, first, count)
+                                       for (_, header), (_, first, count, _) in zip(opened, segments)))
             for (f, header), (current, first, count, start) in zip(opened, segments):
                 read_range_into(f, header, first, count, dest, start, self.layout, staging)
         except (OSError, SnapshotInvalid) as exc:

@@ -5,21 +5,40 @@ sequences)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from zllm.kvcache.cost import CostModel
 from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.ssd_index import IndexLocked
 from zllm.kvcache.writer import SnapshotWriter
+
+log = logging.getLogger("zllm.kvcache")
+Store = TypeVar("Store")
 
 COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "device_hits", "ssd_hits", "ssd_not_worth_it",
             "ssd_rejected", "kept", "not_kept")
 
 
+def open_ssd_tier(open_store: Callable[[], Store]) -> tuple[Store | None, str | None]:
+    """(the SSD store, None) or, when its index is locked by another process, (None, why the tier is off): the
+    daemon serves cold rather than fail to start or take over an index someone else is using."""
+    try:
+        return open_store(), None
+    except IndexLocked as exc:
+        log.warning("kv cache: SSD tier off for this run: %s", exc)
+        return None, str(exc)
+
+
 class CacheTiers:
-    def __init__(self, config, store, cost_key: str, decode: Callable[[Sequence[int]], str] | None):
-        """`store`: the SSD tier (a SnapshotStore or SequenceSnapshots), None without one."""
+    def __init__(self, config, store, cost_key: str, decode: Callable[[Sequence[int]], str] | None,
+                 ssd_off: str | None = None):
+        """`store`: the SSD tier (a SnapshotStore or SequenceSnapshots), None without one; `ssd_off`: why a
+        configured SSD tier could not be opened (reported in the stats)."""
         self.config = config
+        self.ssd_off = ssd_off
         self.near_miss_log = NearMissLog(decode, min_tokens=config.near_miss_min_tokens,
                                          min_fraction=config.near_miss_fraction)
         self.store = store
@@ -55,7 +74,7 @@ class CacheTiers:
 
     def _ssd_stats(self) -> dict[str, object]:
         if self.store is None:
-            return {}
+            return {"ssd_off": self.ssd_off} if self.ssd_off else {}
         return {**{f"ssd_{k}": v for k, v in self.store.stats().items()},
                 "ssd_dropped_jobs": self.writer.dropped if self.writer else 0}
 

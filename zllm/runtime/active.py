@@ -128,6 +128,8 @@ def log_finished(request: EngineRequest, finished: Finished, active: ActiveReque
     cache = "cache off"
     if active is not None and active.lease is not None:
         cache = f"{usage.cached_tokens} cached ({active.lease.tier}){', kept' if active.kept else ''}"
+        if (rejected := active.lease.rejected) is not None:
+            cache += f", {rejected}"
         if (miss := active.lease.near_miss) is not None:
             cache += f", near miss of {miss.entry_id} at token {miss.divergence}"
             cache += f" in {miss.segment}" if miss.segment else ""
@@ -164,6 +166,7 @@ def request_report(phase: str, request: EngineRequest, active: ActiveRequest | N
         error=finished.error_message if finished is not None else None,
         near_miss=(f"near miss of {near.entry_id} at token {near.divergence}"
                    + (f" in {near.segment}" if near.segment else "")) if near is not None else None,
+        cache_rejected=lease.rejected if lease is not None else None,
         notes=request.notes, dialect=request.dialect, fence=request.fence_label,
         fence_events=tuple(active.fence_events) if active is not None else (),
         tool_calls=tuple(active.output.call_names.values()) if active is not None else (),

@@ -40,6 +40,7 @@ class RequestReport:
     finish_reason: str | None = None
     error: str | None = None
     near_miss: str | None = None  # "near miss of <entry> at token N in <segment>"
+    cache_rejected: str | None = None  # "SSD snapshot <id> set aside: <why>": it was damaged, the request ran cold
     notes: tuple[str, ...] = ()  # normalization notes (dropped per-session header lines, ...)
     at: float = field(default_factory=time.time)
 

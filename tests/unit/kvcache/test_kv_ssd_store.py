@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
+from zllm.kvcache import ssd_format
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 
@@ -128,3 +129,25 @@ def test_exact_id_and_client_key_hints(store) -> None:
         assert match.hinted and match.length == 100
     match, _ = store.lookup("ns", tokens[:50], "resp_1")  # a hint that is not a prefix is not trusted
     assert not match.hinted and match.length == 50
+
+
+@pytest.mark.parametrize(("piece_bytes", "skip"), [(1, 0), (1, 390), (1, 10), (40_000, 300)])
+def test_restores_read_in_many_pieces_land_every_token(tmp_path, monkeypatch, piece_bytes, skip) -> None:
+    """A restore reads each tensor in pieces of whole checksum chunks (one chunk per piece with a tiny
+    PIECE_BYTES); pieces that straddle the restored range's ends copy only their part, to the right place."""
+    monkeypatch.setattr(ssd_format, "PIECE_BYTES", piece_bytes)
+    store = SnapshotStore(tmp_path / "kv", LAYOUT, 1 << 30)
+    rng = random.Random(2)
+    turn1 = random_tokens(700, rng)
+    turn2 = turn1[:650] + random_tokens(300, rng)  # chained: restores read from two blobs
+    store.commit(job(turn1, "t1"))
+    store.commit(job(turn2, "t2"))
+    match, _ = store.lookup("ns", turn2[:900] + (1,))
+    assert match.length == 900
+    dest = LAYOUT.empty(910)
+    store.restore(match, dest, BufferPool(LAYOUT, "cpu"), skip=skip)
+    want = synthetic_state(turn2)
+    for got_layer, want_layer in zip(dest, want):
+        for got, expected in zip(got_layer, want_layer):
+            assert torch.equal(got[..., skip:900, :], expected[..., skip:900, :])
+    store.close()

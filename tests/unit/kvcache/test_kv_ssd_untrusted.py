@@ -1,5 +1,6 @@
 """Disk is untrusted: corrupted, truncated and forged snapshots are rejected — a miss, never a crash — before
-anything is allocated for them, and quarantined (with the snapshots built on them)."""
+anything is allocated for them (damage in the tensor data itself: before any of it is copied, by the tensor
+checksums), and quarantined (with the snapshots built on them)."""
 
 import json
 import sqlite3
@@ -10,7 +11,9 @@ from safetensors import safe_open
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
 from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
+from zllm.kvcache.pool import BufferPool
+from zllm.kvcache.ssd_format import CHUNK_TOKENS, MAX_CHECKSUMS, MAX_HEADER_BYTES, SnapshotInvalid, chunk_tokens_for
+from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 
 TOKENS = random_tokens(200)
 
@@ -71,7 +74,8 @@ def test_corrupt_blob_is_a_miss_and_quarantined(tmp_path, name) -> None:
     assert (lease.cached_tokens, lease.tier) == (0, "cold")
     assert cache.pool._staging is None  # validation failed before any buffer was sized from the file
     cache.release(lease)
-    assert cache.store.snapshots() == [] and (directory / "quarantine" / blob.name).exists()
+    assert cache.store.snapshots() == [] and [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] \
+        == [blob.name.split(".")[0]]
     assert cache.stats()["ssd_rejected"] == 1
     cache.check_integrity()
     cache.close()
@@ -134,3 +138,82 @@ def test_blobs_are_standard_safetensors(tmp_path) -> None:
         keys = f.get_tensor("0.0")  # token-major: [tokens, 1, kv_heads, head_dim]
         assert f.metadata()["tokens"] == "200"
     assert_state_equal(((keys.movedim(0, -2), keys.movedim(0, -2).neg()),) + synthetic_state(TOKENS)[1:], TOKENS)
+
+
+def data_start(path) -> int:
+    (n,) = struct.unpack("<Q", path.read_bytes()[:8])
+    return 8 + n
+
+
+def damage_bytes(path, offset: int, new: bytes) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset:offset + len(new)] = new
+    path.write_bytes(bytes(data))
+
+
+def flip_bit(path, offset: int) -> None:
+    damage_bytes(path, offset, bytes([path.read_bytes()[offset] ^ 4]))
+
+
+def old_format(header: dict) -> dict:
+    """The header as the previous format wrote it: "zllm-kv-1", no tensor checksums."""
+    meta = {k: v for k, v in header["__metadata__"].items() if k not in ("chunk_tokens", "xxh3_64")}
+    return {**header, "__metadata__": {**meta, "format": "zllm-kv-1"}}
+
+
+def cut_checksums(header: dict) -> dict:
+    meta = header["__metadata__"]
+    return {**header, "__metadata__": {**meta, "xxh3_64": meta["xxh3_64"][:-16]}}
+
+
+TENSOR_DAMAGE = {  # the header is intact and the size unchanged: only the tensor checksums can tell
+    "one bit flipped": lambda p: flip_bit(p, data_start(p) + 5000),
+    "NaNs over a tensor": lambda p: damage_bytes(p, data_start(p), struct.pack("<f", float("nan")) * 200 * 32),
+    "last byte": lambda p: flip_bit(p, p.stat().st_size - 1),
+    "format without checksums": lambda p: rewrite_header(p, old_format),
+    "checksums cut short": lambda p: rewrite_header(p, cut_checksums),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TENSOR_DAMAGE))
+def test_damaged_tensor_bytes_are_a_miss_and_quarantined(tmp_path, name) -> None:
+    directory = tmp_path / "kv"
+    blob = directory / "blobs" / write_snapshot(directory)
+    TENSOR_DAMAGE[name](blob)
+    cache = open_cache(directory)
+    lease = cache.acquire("ns", TOKENS + (1,), max_new_tokens=1)
+    assert (lease.cached_tokens, lease.tier) == (0, "cold") and "set aside" in lease.rejected
+    cache.release(lease)
+    stats = cache.stats()
+    assert (stats["ssd_rejected"], stats["ssd_quarantined"], stats["ssd_snapshots"]) == (1, 1, 0)
+    assert [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] == [blob.name.split(".")[0]]
+    cache.close()
+
+
+def test_a_prefix_restore_checks_the_chunks_it_reads_and_only_those(tmp_path) -> None:
+    """Chunks are CHUNK_TOKENS long: damage in the last chunk does not cost a restore of the first 100 tokens
+    (nothing damaged is copied), damage in the first chunk does."""
+    tokens = random_tokens(600)
+    directory = tmp_path / "kv"
+    store = SnapshotStore(directory, LAYOUT, 1 << 30)
+    row = store.commit(SnapshotJob("long", "ns", "m", tokens, 600, 1, ((0, synthetic_state(tokens)),)))
+    blob = directory / "blobs" / row.blob_name
+    per_token = LAYOUT.layers[0][0].row_bytes
+    damage_bytes(blob, data_start(blob) + 590 * per_token, b"\xff" * 8)  # layer 0's keys, token 590
+    pool = BufferPool(LAYOUT, "cpu")
+    dest = LAYOUT.empty(100)
+    store.restore(SsdMatch(row, 100), dest, pool)
+    assert_state_equal(dest, tokens, 100)
+    damage_bytes(blob, data_start(blob) + 10 * per_token, b"\xff" * 8)  # token 10: inside what is restored
+    with pytest.raises(SnapshotInvalid, match="checksum"):
+        store.restore(SsdMatch(row, 100), LAYOUT.empty(100), pool)
+    assert store.snapshots() == [] and store.stats()["quarantined"] == 1
+    store.close()
+
+
+def test_long_blobs_get_longer_chunks_so_the_header_stays_bounded() -> None:
+    for tokens, tensors in ((600, 4), (32_768, 128), (1 << 21, 128)):
+        chunk = chunk_tokens_for(tokens, tensors)
+        assert chunk >= CHUNK_TOKENS and -(-tokens // chunk) * tensors <= MAX_CHECKSUMS
+        assert -(-tokens // chunk) * tensors * 16 <= MAX_HEADER_BYTES // 2  # the checksums leave room for the rest
+    assert chunk_tokens_for(600, 4) == CHUNK_TOKENS

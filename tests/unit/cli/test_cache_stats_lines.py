@@ -1,0 +1,26 @@
+"""`zllm cache stats` says what the SSD tier set aside as damaged, and why it is off when it could not open."""
+
+from __future__ import annotations
+
+from zllm.cli.cache import _stats_lines
+
+BASE = {"requests": 3, "device_hits": 1, "ssd_hits": 0, "device_bytes": 0, "device_budget_bytes": 1 << 20}
+
+
+def ssd_line(stats: dict) -> str:
+    return dict(_stats_lines({**BASE, **stats}))["ssd tier"]
+
+
+def test_damage_set_aside_is_shown_on_the_ssd_line() -> None:
+    healthy = {"ssd_bytes": 1000, "ssd_budget_bytes": 4000, "ssd_snapshots": 2, "ssd_quarantined": 0,
+               "ssd_index_set_aside": 0}
+    assert "set aside" not in ssd_line(healthy)
+    assert ssd_line({**healthy, "ssd_quarantined": 3}).endswith("; 3 damaged set aside")
+    assert ssd_line({**healthy, "ssd_quarantined": 1, "ssd_index_set_aside": 1}).endswith(
+        "; 1 damaged set aside, its index set aside")
+
+
+def test_a_tier_that_could_not_open_says_why() -> None:
+    assert ssd_line({}) == "off"
+    assert ssd_line({"ssd_off": "index.sqlite is locked by another process"}) == \
+        "off (index.sqlite is locked by another process)"

@@ -1,0 +1,257 @@
+"""The corruption matrix: every kind of damage to the SSD tier, on both engine backends, through the real stack
+(the engine client, its prefix cache, the SSD store on disk, a tiny random-weight model).
+
+Each case serves two conversations, stops (the writer drains: both are on disk), damages the tier, restarts and
+asks the first conversation again. It must start, never serve the damaged snapshot (the request runs cold),
+answer exactly what the cold run answered, and say what it set aside (stats and log; the trace line in the
+report). A snapshot is only ever out of service, never deleted for damage: the blob is kept in quarantine/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import sqlite3
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.backends import BACKENDS, load_tiny
+from zllm.canonical import ChatRequest, Finished, Message, SamplingParams, TextDelta
+from zllm.kvcache import CacheConfig, ssd_index
+from zllm.runtime import LocalEngineClient
+from zllm.runtime.fence_vocab import FenceVocab
+
+MODEL = "tiny"
+# two conversations sharing no prefix worth a restore: the second's snapshot cannot stand in for the first's
+CONVERSATIONS = (("You are a careful coding agent. Keep changes small and tested. " * 6, "Refactor module one"),
+                 ("Reply as a terse reviewer would, in one line. " * 6, "Review module two"))
+NAN = struct.pack("<f", float("nan"))
+
+
+def tier_dir(tmp_path: Path, backend: str) -> Path:
+    return tmp_path / ("kv" if backend == "torch" else f"kv-{backend}")  # runtime/prefix.py names them so
+
+
+def blobs(directory: Path) -> list[Path]:
+    """The snapshots' blobs, oldest first (generation order): the first conversation's is first."""
+    return sorted((directory / "blobs").iterdir())
+
+
+def flip(blob: Path) -> None:
+    data = bytearray(blob.read_bytes())
+    data[len(data) * 2 // 3] ^= 0x10  # well inside the data: headers are a small part of these files
+    blob.write_bytes(bytes(data))
+
+
+def nan_fill(blob: Path) -> None:
+    data = bytearray(blob.read_bytes())
+    at = len(data) // 2 // 4 * 4
+    data[at:at + 256] = NAN * 64
+    blob.write_bytes(bytes(data))
+
+
+def swap(first: Path, second: Path) -> None:
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+
+
+def to_directory(blob: Path) -> None:
+    blob.unlink()
+    blob.mkdir()
+    (blob / "x").write_bytes(b"not a blob")
+
+
+def old_format(blob: Path) -> None:
+    """Rewrite a torch blob as the previous format wrote it: "zllm-kv-1", no tensor checksums."""
+    data = blob.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header["__metadata__"]
+    header["__metadata__"] = {"format": "zllm-kv-1", **{k: meta[k] for k in ("layout", "tokens", "token_sha256")}}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    blob.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + n:])
+    db = sqlite3.connect(blob.parent.parent / "index.sqlite")  # as the old writer indexed it: its own size
+    db.execute("UPDATE snapshots SET bytes = ? WHERE generation = ?", (blob.stat().st_size, int(blob.stem, 16)))
+    db.commit()
+    db.close()
+
+
+def garbage_index(directory: Path) -> None:
+    (directory / "index.sqlite").write_bytes(b"\x00garbage, not a database\xff" * 400)
+
+
+def future_index(directory: Path) -> None:
+    db = sqlite3.connect(directory / "index.sqlite")
+    db.execute(f"PRAGMA user_version = {ssd_index.SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+
+
+# what each damage does to the tier directory; `counted`: the stats key that must say what was set aside
+BLOB_DAMAGE = {
+    "missing": lambda d: blobs(d)[0].unlink(),
+    "truncated": lambda d: (b := blobs(d)[0]).write_bytes(b.read_bytes()[:b.stat().st_size // 2]),
+    "enlarged": lambda d: (b := blobs(d)[0]).write_bytes(b.read_bytes() + b"\0" * 4096),
+    "flipped": lambda d: flip(blobs(d)[0]),
+    "nan-filled": lambda d: nan_fill(blobs(d)[0]),
+    "swapped": lambda d: swap(*blobs(d)),
+    "directory": lambda d: to_directory(blobs(d)[0]),
+    "old-format": lambda d: old_format(blobs(d)[0]),
+}
+INDEX_DAMAGE = {"garbage-index": garbage_index, "future-index": future_index}
+TORCH_ONLY = {"old-format"}  # llama.cpp's tier has checksummed its state since its first format
+BACKEND_MARKS = {getattr(b, "values", [b])[0]: getattr(b, "marks", ()) for b in BACKENDS}  # llama.cpp: skipif
+CASES = [pytest.param(damage, backend, id=f"{damage}-{backend}", marks=marks)
+         for damage in (*BLOB_DAMAGE, *INDEX_DAMAGE) for backend, marks in BACKEND_MARKS.items()
+         if damage not in TORCH_ONLY or backend == "torch"]
+
+
+@pytest.fixture(scope="module")
+def served_models():
+    """Per backend, the tiny model loaded once; every restart builds a new client (and cache stack) over it.
+    The fence vocabulary (llguidance's view of the tokenizer, ~10 s here) is built once per tokenizer: a restart
+    would rebuild the very same one, and the cases are about the cache."""
+    models = {}
+    vocabularies = {}
+    build = FenceVocab.build
+
+    def build_once(tokenizer, **kwargs):
+        key = (id(tokenizer), kwargs["vocab_size"], kwargs["stop_token_ids"])
+        if key not in vocabularies:
+            vocabularies[key] = build(tokenizer, **kwargs)
+        return vocabularies[key]
+
+    def get(backend: str):
+        if backend not in models:
+            models[backend] = dataclasses.replace(load_tiny("qwen3", backend), context_length=2048)
+        return models[backend]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FenceVocab, "build", build_once)
+        yield get
+    for loaded in models.values():
+        if loaded.engine is not None:
+            loaded.engine.close()
+
+
+@pytest.fixture
+def start(served_models, tmp_path):
+    """`start(backend, reports=[])`: an engine client with the SSD tier in tmp_path (a daemon's restart)."""
+    clients = []
+
+    def start(backend: str, reports: list | None = None) -> LocalEngineClient:
+        config = CacheConfig(device_budget_bytes=64 << 20, ssd_dir=tmp_path / "kv", ssd_min_tokens=1)
+        clients.append(LocalEngineClient(served_models(backend), MODEL, 1, cache_config=config,
+                                         observer=reports.append if reports is not None else None))
+        return clients[-1]
+
+    yield start
+    for client in clients:
+        client.close()
+
+
+def chat(conversation: int, rid: str) -> ChatRequest:
+    system, question = CONVERSATIONS[conversation]
+    return ChatRequest(id=rid, model=MODEL, messages=(Message("system", system), Message("user", question)),
+                       sampling=SamplingParams(temperature=0.0, max_tokens=10))
+
+
+def ask(client: LocalEngineClient, request: ChatRequest) -> tuple[str, Finished]:
+    async def main():
+        text, finished = "", None
+        async for event in await client.submit(request):
+            text += event.text if isinstance(event, TextDelta) else ""
+            finished = event if isinstance(event, Finished) else finished
+        return text, finished
+    return asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+def finished_report(reports: list, timeout: float = 10.0):
+    """The last request's finished report (published on the engine thread just after its Finished event)."""
+    deadline = time.monotonic() + timeout
+    while not (done := [r for r in reports if r.phase == "finished"]):
+        assert time.monotonic() < deadline, f"no finished report among {reports}"
+        time.sleep(0.02)
+    return done[-1]
+
+
+def serve_and_stop(start, backend: str) -> list[str]:
+    """Two conversations answered cold and written to the SSD tier; returns their answers."""
+    client = start(backend)
+    answers = [ask(client, chat(i, f"first-{i}"))[0] for i in range(len(CONVERSATIONS))]
+    client.close()  # drains the writer: both snapshots are on disk
+    return answers
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("damage", "backend"), CASES)
+def test_damage_is_set_aside_and_served_cold(start, tmp_path, damage, backend, caplog) -> None:
+    answers = serve_and_stop(start, backend)
+    directory = tier_dir(tmp_path, backend)
+    assert len(blobs(directory)) == 2, "both conversations were written: the damage has something to hit"
+    (BLOB_DAMAGE.get(damage) or INDEX_DAMAGE[damage])(directory)
+
+    reports: list = []
+    with caplog.at_level(logging.WARNING, logger="zllm.kvcache"):
+        restarted = start(backend, reports)  # starts: the damage is found at open or at the first read
+        text, finished = ask(restarted, chat(0, "again"))
+    stats = restarted.prefix_cache.stats()
+    assert finished.usage.cached_tokens == 0 and stats["ssd_hits"] == 0, "the damaged snapshot was served"
+    assert text == answers[0], "the cold answer differs"
+    quarantine = [p.name for p in (directory / "quarantine").iterdir()]
+    if damage in INDEX_DAMAGE:
+        assert stats["ssd_index_set_aside"] == 1 and any(name.startswith("index.sqlite.") for name in quarantine)
+    else:
+        assert stats["ssd_quarantined"] >= 1
+        assert damage == "missing" or quarantine, "the damaged blob is kept for inspection, not deleted"
+    assert "set aside" in caplog.text or "quarantined" in caplog.text
+    report = finished_report(reports)
+    assert report.cache_tier == "cold"
+    if stats["ssd_rejected"]:  # found at read, not at open: the request's own trace line says why it ran cold
+        assert report.cache_rejected and "set aside" in report.cache_rejected
+
+
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA locking_mode=EXCLUSIVE")  # keep the lock after the write: nobody else may even read
+db.execute("BEGIN EXCLUSIVE")
+db.execute("UPDATE meta SET value = value")
+print("locked", flush=True)
+sys.stdin.read()  # hold it until the test closes our stdin
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_locked_by_another_process_turns_the_tier_off_and_is_left_alone(start, tmp_path, backend,
+                                                                               monkeypatch, caplog) -> None:
+    answers = serve_and_stop(start, backend)
+    index = tier_dir(tmp_path, backend) / "index.sqlite"
+    monkeypatch.setattr(ssd_index, "BUSY_TIMEOUT_S", 0.3)
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(index)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        with caplog.at_level(logging.WARNING, logger="zllm.kvcache"):
+            restarted = start(backend)
+            text, finished = ask(restarted, chat(0, "while-locked"))
+        stats = restarted.prefix_cache.stats()
+        assert "locked" in stats["ssd_off"] and "SSD tier off" in caplog.text
+        assert finished.usage.cached_tokens == 0 and text == answers[0]
+        restarted.close()
+    finally:
+        locker.stdin.close()
+        locker.wait(timeout=10)
+    again = start(backend)  # the other process is done: its index was neither set aside nor emptied
+    text, finished = ask(again, chat(0, "after"))
+    assert again.prefix_cache.stats()["ssd_hits"] == 1 and finished.usage.cached_tokens > 0 and text == answers[0]
