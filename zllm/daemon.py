@@ -130,17 +130,21 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
 
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
+    fingerprints = open_fingerprint_store(settings)
     try:
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
         responses.close()
+        fingerprints.close()
         raise
     try:
         control.attach(engine, describe_model(engine, served))
+        control.attach_diagnoses(fingerprints.diagnosis)
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_key=settings.api_key, responses=responses, websocket=settings.responses_websocket)
+        app = create_app(engine, api_key=settings.api_key, responses=responses, fingerprints=fingerprints,
+                         websocket=settings.responses_websocket)
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
@@ -156,6 +160,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
     finally:
         responses.close()  # after the app: its last saves have been written
+        fingerprints.close()
         engine.close()
 
 
@@ -207,6 +212,14 @@ def open_response_store(settings: Settings):
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return ResponseStore(settings.state_dir / "responses.sqlite3", max_rows=settings.responses_max_stored,
                          max_age_s=settings.responses_max_age_days * 86400)
+
+
+def open_fingerprint_store(settings: Settings):
+    """The prompt fingerprints behind cache diagnostics (state_dir/fingerprints.sqlite3), bounded."""
+    from zllm.store.fingerprints import FingerprintStore
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return FingerprintStore(settings.state_dir / "fingerprints.sqlite3")
 
 
 def run(settings: Settings, progress_factory=None) -> None:

@@ -21,6 +21,7 @@ from aiohttp import web
 from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import auth_middleware
+from zllm.api.cache_diagnostics import CACHE_DIAGNOSTICS, CacheDiagnostics
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
 from zllm.api.openai_chat import routes as openai_chat_routes
@@ -28,6 +29,7 @@ from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_HEARTBEAT_S
 from zllm.canonical import EngineClient
 from zllm.store import ResponseStore
+from zllm.store.fingerprints import FingerprintStore
 
 log = logging.getLogger("zllm.api")
 
@@ -57,21 +59,35 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
+    fingerprints: FingerprintStore | None = None,
     websocket: bool = True,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
-    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426)."""
+    passed in is closed by the caller after the app). `fingerprints`: the prompt fingerprints behind cache
+    diagnostics, likewise (None = in memory). `websocket=False` refuses Responses WebSockets (426)."""
     middlewares = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    _add_cache_diagnostics(app, fingerprints)
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
     openai_responses_routes.add_routes(app, store=responses, websocket=websocket)
     anthropic_messages_routes.add_routes(app)
     return app
+
+
+def _add_cache_diagnostics(app: web.Application, fingerprints: FingerprintStore | None) -> None:
+    owned = fingerprints is None
+    store = FingerprintStore.in_memory() if owned else fingerprints
+    app[CACHE_DIAGNOSTICS] = CacheDiagnostics(store)
+    if owned:
+        async def close_store(_app: web.Application) -> None:
+            store.close()
+
+        app.on_cleanup.append(close_store)
 
 
 def create_runner(app: web.Application, *, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> web.AppRunner:

@@ -22,6 +22,9 @@ class Usage:
     completion_tokens: int
     # prompt tokens served from the prefix cache instead of prefilled
     cached_tokens: int = 0
+    # prompt tokens prefilled and handed to the prefix cache to keep (the rest of the prompt, when a cache is
+    # on and keeps conversations; 0 when it is off): Anthropic's cache_creation_input_tokens
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

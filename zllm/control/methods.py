@@ -8,6 +8,8 @@
     ps                → {"models": [LoadedModelInfo]}        (empty while loading)
     cache.*           → cache_methods.py
     cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
+    cache.diagnosis   {"response_id": "msg_…" | "resp_…"} → {"response_id", "namespace", "diagnosis"}: the cache
+                      diagnosis that response carried (api/cache_diagnostics.py); not_found when none was made
     trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
     shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
@@ -27,7 +29,7 @@ from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, int_param, str_param
-from zllm.control.protocol import NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+from zllm.control.protocol import BAD_REQUEST, NOT_FOUND, NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,21 @@ class ControlMethods:
         self._explain = explain
         self._engine = None
         self._model: LoadedModelInfo | None = None
+        # response id -> (namespace, diagnosis with .to_json()) or None: the fingerprint store's lookup
+        self._diagnoses: Callable[[str], Any] | None = None
 
     def attach(self, engine, model: LoadedModelInfo) -> None:
         self._engine, self._model, self.phase = engine, model, "ready"
 
+    def attach_diagnoses(self, lookup: Callable[[str], Any]) -> None:
+        """`lookup(response_id) -> (namespace, diagnosis) | None` (FingerprintStore.diagnosis)."""
+        self._diagnoses = lookup
+
     def methods(self) -> dict[str, Callable]:
         return {"status": self.status, "ps": self.ps, "cache.ls": self.cache_ls, "cache.stats": self.cache_stats,
                 "cache.prune": self.cache_prune, "cache.near_misses": self.cache_near_misses,
-                "cache.explain": self.cache_explain, "shutdown": self.shutdown}
+                "cache.explain": self.cache_explain, "cache.diagnosis": self.cache_diagnosis,
+                "shutdown": self.shutdown}
 
     def streams(self) -> dict[str, Callable]:
         return {"trace": self.trace, "logs": self.logs}
@@ -137,6 +146,18 @@ class ControlMethods:
         explanation = await asyncio.to_thread(self._explain, record) if self._explain is not None else None
         return {"request_id": request_id, "near_miss": cache_methods.near_miss_json(record),
                 "explanation": explanation.to_json() if explanation is not None else None}
+
+    async def cache_diagnosis(self, params: dict) -> dict:
+        response_id = str_param(params, "response_id")
+        if not response_id:
+            raise ControlError(BAD_REQUEST, "`response_id` is required")
+        found = await asyncio.to_thread(self._diagnoses, response_id) if self._diagnoses is not None else None
+        if found is None:
+            raise ControlError(NOT_FOUND, f"no cache diagnosis is kept for {response_id}",
+                               hint="diagnoses are made for requests that send Anthropic `diagnostics."
+                                    "previous_message_id` or Responses `prompt_cache_options.comparison_response_id`")
+        namespace, diagnosis = found
+        return {"response_id": response_id, "namespace": namespace, "diagnosis": diagnosis.to_json()}
 
     def _cache(self):
         if self._engine is None:
