@@ -46,8 +46,8 @@ def prompt_size(usage) -> int:
 
 def turn(claude: anthropic.Anthropic, previous: str | None, *, system: str, tools: list, messages: list,
          stream: bool = False):
-    kwargs = dict(model=TINY, max_tokens=4, system=system, tools=tools, messages=messages,
-                  diagnostics={"previous_message_id": previous}, betas=[BETA], extra_body=GREEDY)
+    kwargs = {"model": TINY, "max_tokens": 4, "system": system, "tools": tools, "messages": messages,
+              "diagnostics": {"previous_message_id": previous}, "betas": [BETA], "extra_body": GREEDY}
     if not stream:
         return claude.beta.messages.create(**kwargs)
     with claude.beta.messages.stream(**kwargs) as events:

@@ -189,7 +189,7 @@ def _explain_response(response_id: str, as_json: bool) -> None:
     if data.get("divergence") is not None:  # a miss with a place: shown as every explanation is
         _print_explanation_json({"cause": data.get("cause") or "unknown", "detail": data.get("detail", ""),
                                  "divergence": data["divergence"], "segment": data.get("segment"),
-                                 "cached_after": data.get("cached_after", ""),
+                                 "before": data.get("before", ""), "cached_after": data.get("cached_after", ""),
                                  "request_after": data.get("request_after", ""),
                                  "cached_tokens": data.get("reusable_tokens"), "in_prompt": True})
 

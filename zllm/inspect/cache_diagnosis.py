@@ -51,7 +51,8 @@ def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *
                  or Diagnosis(Cause.EDITED_HISTORY, f"the text of {_the(segment)} changed"))
     return CacheDiagnosis(reason, compared_with, missed_tokens=reusable - shared, reusable_tokens=reusable,
                           divergence=shared, segment=segment, cause=found.cause.value, detail=found.detail,
-                          busters=current.busters, cached_after=windows[1], request_after=windows[2])
+                          busters=current.busters, before=windows[0], cached_after=windows[1],
+                          request_after=windows[2])
 
 
 def _structural(previous: RequestFingerprint, current: RequestFingerprint

@@ -89,6 +89,7 @@ class CacheDiagnosis:
     cause: str = ""  # zllm.inspect.causes.Cause value: "timestamp", "reordered_tools", "cache_buster", ...
     detail: str = ""  # one sentence a person can act on
     busters: tuple[str, ...] = ()  # cache busters this request carries (normalized or reported)
+    before: str = ""  # decoded tokens both prompts share just before the divergence
     cached_after: str = ""  # decoded tokens of the earlier prompt from the divergence on
     request_after: str = ""  # ... and of this one
     at: float = field(default_factory=time.time)

@@ -24,6 +24,7 @@ import logging
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from zllm.api.auth import request_namespace
+from zllm.api.cache_diagnostics import CacheDiagnostics, diagnostics_of
 from zllm.api.context import engine_of
 from zllm.api.errors import (
     ApiError,
@@ -33,7 +34,6 @@ from zllm.api.errors import (
 )
 from zllm.api.fields import parse_json_object
 from zllm.api.openai_responses import wire
-from zllm.api.cache_diagnostics import CacheDiagnostics, diagnostics_of
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
 from zllm.api.openai_responses.context import in_flight_of, store_of
 from zllm.api.openai_responses.in_flight import InFlightResponses
