@@ -181,3 +181,28 @@ def test_bad_diagnostics_fields_are_answered_in_each_api_shape(claude, client) -
         client.responses.create(model=TINY, input="Hi.", max_output_tokens=2,
                                 extra_body={"prompt_cache_options": "resp_1"})
     assert "prompt_cache_options" in str(caught.value)
+
+
+def test_claude_codes_busters_are_normalized_or_reported_on_every_api_path(claude, client, daemon) -> None:
+    def header(session: str) -> str:
+        return f"x-anthropic-billing-header: cc_version=2.1.340.{session}; cc_entrypoint=cli; cch={session}f0;"
+
+    reminder = "<system-reminder>\n51,000 tokens left\n</system-reminder>"
+    anthropic_body = {"model": TINY, "max_tokens": 2, "extra_body": GREEDY,
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the bug."},
+                                                                {"type": "text", "text": reminder}]}]}
+    first = claude.messages.create(system=[{"type": "text", "text": header("0b8")},
+                                           {"type": "text", "text": "Busters: be brief."}], **anthropic_body)
+    # another session's header: the prompt is the same, so the whole of it but the last token is reused
+    second = claude.messages.create(system=[{"type": "text", "text": header("6ff")},
+                                            {"type": "text", "text": "Busters: be brief."}], **anthropic_body)
+    assert prompt_size(second.usage) == prompt_size(first.usage)
+    assert second.usage.cache_read_input_tokens == prompt_size(first.usage) - 1
+    client.chat.completions.create(model=TINY, max_tokens=2, temperature=0, messages=[
+        {"role": "system", "content": header("28c") + "\nBusters: be brief."},
+        {"role": "user", "content": "Fix the bug.\n" + reminder}])
+    reports = [r for r in daemon.control().trace(last=3) if r.get("phase") == "finished"][-3:]
+    for report in reports:  # the trace says what was dropped and what was kept, whichever API it came through
+        assert any(note.startswith("dropped per-session line: x-anthropic-billing-header") for note in report["notes"])
+        assert any(note.startswith("trailing tokens-left reminder in message 1") for note in report["notes"])
+    assert [r["api"] for r in reports] == ["anthropic_messages", "anthropic_messages", "openai_chat"]
