@@ -153,6 +153,8 @@ def test_responses_prompt_cache_diagnostics(client) -> None:
     assert diagnostics.cache_missed_tokens == (first.usage.input_tokens
                                                - second.usage.input_tokens_details.cached_tokens) > 0
     assert diagnostics.comparison_reusable_tokens == first.usage.input_tokens
+    details = second.usage.input_tokens_details  # what was not read is prefilled and kept for the next turn
+    assert details.cache_write_tokens == second.usage.input_tokens - details.cached_tokens > 0
     assert second.prompt_cache_options.comparison_response_id == first.id
     assert diagnostics.model_extra["zllm"]["segment"] == "tool 1 (Read)"
 
@@ -198,9 +200,11 @@ def test_claude_codes_busters_are_normalized_or_reported_on_every_api_path(claud
                                             {"type": "text", "text": "Busters: be brief."}], **anthropic_body)
     assert prompt_size(second.usage) == prompt_size(first.usage)
     assert second.usage.cache_read_input_tokens == prompt_size(first.usage) - 1
-    client.chat.completions.create(model=TINY, max_tokens=2, temperature=0, messages=[
+    chat = client.chat.completions.create(model=TINY, max_tokens=2, temperature=0, messages=[
         {"role": "system", "content": header("28c") + "\nBusters: be brief."},
         {"role": "user", "content": "Fix the bug.\n" + reminder}])
+    details = chat.usage.prompt_tokens_details  # the same prompt a third time: all of it but the last token read
+    assert (details.cached_tokens, details.cache_write_tokens) == (chat.usage.prompt_tokens - 1, 1)
     reports = [r for r in daemon.control().trace(last=3) if r.get("phase") == "finished"][-3:]
     for report in reports:  # the trace says what was dropped and what was kept, whichever API it came through
         assert any(note.startswith("dropped per-session line: x-anthropic-billing-header") for note in report["notes"])
