@@ -140,6 +140,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     control.attach_responses(responses)
+    fingerprints = open_fingerprint_store(settings)
     try:
         compaction_key = install_key(settings)  # before the weights too: a damaged key file fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
@@ -147,15 +148,17 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     except BaseException:
         control.attach_responses(None)
         responses.close()
+        fingerprints.close()
         raise
     try:
         control.attach(engine, describe_model(engine, served))
+        control.attach_diagnoses(fingerprints.diagnosis)
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
                          allowed_hosts=served_host_names(settings),
                          allowed_origins=split_list(settings.allowed_origins),
-                         responses=responses, websocket=settings.responses_websocket,
+                         responses=responses, fingerprints=fingerprints, websocket=settings.responses_websocket,
                          library=model_library(settings), compaction_key=compaction_key)
         try:
             runner = await start_site(app, settings.host, settings.port)
@@ -173,6 +176,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     finally:
         control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
+        fingerprints.close()
         engine.close()
 
 
@@ -277,6 +281,14 @@ def install_key(settings: Settings) -> bytes:
     from zllm.store.install_key import load_or_create_key
 
     return load_or_create_key(settings.state_dir / "install.key")
+
+
+def open_fingerprint_store(settings: Settings):
+    """The prompt fingerprints behind cache diagnostics (state_dir/fingerprints.sqlite3), bounded."""
+    from zllm.store.fingerprints import FingerprintStore
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return FingerprintStore(settings.state_dir / "fingerprints.sqlite3")
 
 
 def run(settings: Settings, progress_factory=None) -> None:

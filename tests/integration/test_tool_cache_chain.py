@@ -140,7 +140,7 @@ class AnthropicApi:
                         tool_calls=tuple(ToolCall(b.id, b.name, json.dumps(b.input)) for b in blocks["tool_use"]),
                         reasoning="".join(b.thinking for b in blocks["thinking"]) or None)
         usage = message.usage
-        prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
         return Turn(prompt, usage.output_tokens, usage.cache_read_input_tokens or 0, reply, message.stop_reason)
 
     def _catch_up(self, history: tuple[Message, ...]) -> None:

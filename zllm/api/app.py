@@ -24,6 +24,7 @@ from aiohttp import web
 from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import NAMESPACE_SECRET, identity_middleware, new_namespace_secret
+from zllm.api.cache_diagnostics import CACHE_DIAGNOSTICS, CacheDiagnostics
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
 from zllm.api.guard import ClientGuard
@@ -34,6 +35,7 @@ from zllm.api.sse import DEFAULT_HEARTBEAT_S
 from zllm.canonical import EngineClient
 from zllm.canonical.library import ModelLibrary
 from zllm.store import ResponseStore
+from zllm.store.fingerprints import FingerprintStore
 
 log = logging.getLogger("zllm.api")
 
@@ -67,12 +69,14 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
+    fingerprints: FingerprintStore | None = None,
     websocket: bool = True,
     library: ModelLibrary | None = None,
     compaction_key: bytes | None = None,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
-    passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426).
+    passed in is closed by the caller after the app). `fingerprints`: the prompt fingerprints behind cache
+    diagnostics, likewise (None = in memory). `websocket=False` refuses Responses WebSockets (426).
     `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
     `compaction_key`: signs Responses compaction items (None: a key for this app's life only).
     `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
@@ -87,12 +91,24 @@ def create_app(
     app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    _add_cache_diagnostics(app, fingerprints)
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
     openai_responses_routes.add_routes(app, store=responses, websocket=websocket, compaction_key=compaction_key)
     anthropic_messages_routes.add_routes(app)
     ollama_routes.add_routes(app, library=library)
     return app
+
+
+def _add_cache_diagnostics(app: web.Application, fingerprints: FingerprintStore | None) -> None:
+    owned = fingerprints is None
+    store = FingerprintStore.in_memory() if owned else fingerprints
+    app[CACHE_DIAGNOSTICS] = CacheDiagnostics(store)
+    if owned:
+        async def close_store(_app: web.Application) -> None:
+            store.close()
+
+        app.on_cleanup.append(close_store)
 
 
 def create_runner(app: web.Application, *, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> web.AppRunner:

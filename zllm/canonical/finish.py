@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class FinishReason(enum.Enum):
@@ -22,6 +22,11 @@ class Usage:
     completion_tokens: int
     # prompt tokens served from the prefix cache instead of prefilled
     cached_tokens: int = 0
+    # prompt tokens prefilled and handed to the prefix cache to keep (the rest of the prompt, when a cache is
+    # on and keeps conversations; 0 when it is off): Anthropic's cache_creation_input_tokens. Left out of
+    # equality: it says what the cache did with the request, so the same request run with and without a
+    # cache (the runtime's reference runs) still compares equal where prompt, output and reuse agree
+    cache_write_tokens: int = field(default=0, compare=False)
 
     @property
     def total_tokens(self) -> int:

@@ -6,6 +6,7 @@
     $ zllm cache prune --older-than 2d --tier ssd --dry-run
     $ zllm cache explain-miss                       # the latest near miss, explained
     $ zllm cache explain-miss --between a.json b.json   # two request files, offline (no daemon)
+    $ zllm cache explain-miss --id msg_01…          # the cache diagnosis that response carried
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import typer
 
 from zllm.cli.connect import EXIT_USER, connect, daemon_errors
-from zllm.cli.explain_view import print_explanation, print_near_miss
+from zllm.cli.explain_view import print_diagnosis, print_explanation, print_near_miss
 from zllm.cli.output import err, fail, fail_with, out, print_json
 from zllm.cli.table import write_fields, write_table
 from zllm.cli.units import (
@@ -140,13 +141,18 @@ def explain_miss(
     between: tuple[Path, Path] = typer.Option(None, "--between", metavar="A.json B.json",
                                               help="Compare two request files offline (no daemon needed)."),
     model: str = typer.Option(None, "--model", "-m", help="With --between: the model whose template renders them."),
+    response_id: str = typer.Option(None, "--id", metavar="RESP",
+                                    help="A response id (msg_… / resp_…) whose request asked for cache diagnostics."),
     as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
 ) -> None:
     """Explain why a request missed the prefix cache: where the token streams diverged, and the likely cause."""
+    if sum(x is not None and x != () for x in (request_id, between, response_id)) > 1:
+        fail("give one of REQUEST_ID, --between or --id", code=EXIT_USER)
     if between:
-        if request_id is not None:
-            fail("give a REQUEST_ID or --between, not both", code=EXIT_USER)
         _explain_files(between[0], between[1], model, as_json)
+        return
+    if response_id:
+        _explain_response(response_id, as_json)
         return
     with daemon_errors():
         answer = connect().explain(request_id)
@@ -178,6 +184,22 @@ def _print_explanation_json(data: dict | None) -> bool:
         return True
     out.print(format_explanation(explanation), end="", soft_wrap=True)  # data: never wrapped at 80 columns
     return True
+
+
+def _explain_response(response_id: str, as_json: bool) -> None:
+    with daemon_errors():
+        answer = connect().diagnosis(response_id)
+    if as_json:
+        print_json(answer)
+        return
+    print_diagnosis(answer["response_id"], answer["diagnosis"])
+    data = answer["diagnosis"]
+    if data.get("divergence") is not None:  # a miss with a place: shown as every explanation is
+        _print_explanation_json({"cause": data.get("cause") or "unknown", "detail": data.get("detail", ""),
+                                 "divergence": data["divergence"], "segment": data.get("segment"),
+                                 "before": data.get("before", ""), "cached_after": data.get("cached_after", ""),
+                                 "request_after": data.get("request_after", ""),
+                                 "cached_tokens": data.get("reusable_tokens"), "in_prompt": True})
 
 
 def _explain_files(a: Path, b: Path, model: str | None, as_json: bool) -> None:

@@ -36,6 +36,25 @@ def print_near_miss(record: dict[str, Any]) -> None:
                   ("request", _visible(record.get("request_after", "")) + "…")])
 
 
+def print_diagnosis(response_id: str, diagnosis: dict[str, Any]) -> None:
+    """The headline of a response's cache diagnosis: what it was compared with, the reason, what it missed."""
+    reason = diagnosis.get("reason")
+    compared = diagnosis.get("compared_with") or "?"
+    if reason is None:
+        headline = f"no miss: the prompt of {compared} ({diagnosis.get('reusable_tokens', 0):,} tokens) was reused whole"
+    elif reason in ("not_found", "unavailable"):
+        headline = f"{reason.replace('_', ' ')}: {diagnosis.get('detail') or ''}".rstrip(": ")
+    else:
+        headline = (f"{reason} changed since {compared}: {diagnosis.get('missed_tokens', 0):,} of its "
+                    f"{diagnosis.get('reusable_tokens', 0):,} prompt tokens could not be reused")
+    sys.stdout.write(f"response {response_id}: {headline}\n")
+    busters = diagnosis.get("busters") or []
+    if busters:
+        write_fields([("busters", "; ".join(_visible(b) for b in busters))])
+    if diagnosis.get("divergence") is None and diagnosis.get("detail") and reason not in ("not_found", "unavailable"):
+        write_fields([("detail", _visible(diagnosis["detail"]))])
+
+
 def print_explanation(explanation: dict[str, Any]) -> None:
     ordered = [k for k in _FIRST if k in explanation] + [k for k in explanation if k not in _FIRST]
     write_fields([(key.replace("_", " "), _scalar(explanation[key])) for key in ordered

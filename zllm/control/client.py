@@ -87,6 +87,10 @@ class ControlClient:
         """The near miss of `request_id` (None: the latest one) and its explanation."""
         return self.call("cache.explain", request_id=request_id)
 
+    def diagnosis(self, response_id: str) -> dict[str, Any]:
+        """The cache diagnosis a response carried: {"response_id", "namespace", "diagnosis": {...}}."""
+        return self.call("cache.diagnosis", response_id=response_id)
+
     def trace(self, *, last: int = 20, follow: bool = False) -> Iterator[dict[str, Any]]:
         """The last `last` finished requests' reports, then (follow) every report as it happens."""
         return self.stream("trace", last=last, follow=follow)

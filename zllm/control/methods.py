@@ -10,6 +10,8 @@
     cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
     store.stats       → the Responses store: {"path", "rows", "bytes", "file_bytes", "oldest", "newest", bounds}
     store.prune       {"older_than_s": 86400 | null, "max_bytes": 0 | null} → {"removed": N, ...store.stats}
+    cache.diagnosis   {"response_id": "msg_…" | "resp_…"} → {"response_id", "namespace", "diagnosis"}: the cache
+                      diagnosis that response carried (api/cache_diagnostics.py); not_found when none was made
     trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
     shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
@@ -29,7 +31,7 @@ from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
-from zllm.control.protocol import NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+from zllm.control.protocol import BAD_REQUEST, NOT_FOUND, NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
 from zllm.errors import InvalidRequest
 
 
@@ -64,6 +66,8 @@ class ControlMethods:
         self._engine = None
         self._model: LoadedModelInfo | None = None
         self._responses = None
+        # response id -> (namespace, diagnosis with .to_json()) or None: the fingerprint store's lookup
+        self._diagnoses: Callable[[str], Any] | None = None
 
     def attach_responses(self, store) -> None:
         """The Responses store (zllm.store.ResponseStore: stats / prune / compact), open before the model loads."""
@@ -72,10 +76,15 @@ class ControlMethods:
     def attach(self, engine, model: LoadedModelInfo) -> None:
         self._engine, self._model, self.phase = engine, model, "ready"
 
+    def attach_diagnoses(self, lookup: Callable[[str], Any]) -> None:
+        """`lookup(response_id) -> (namespace, diagnosis) | None` (FingerprintStore.diagnosis)."""
+        self._diagnoses = lookup
+
     def methods(self) -> dict[str, Callable]:
         return {"status": self.status, "ps": self.ps, "cache.ls": self.cache_ls, "cache.stats": self.cache_stats,
                 "cache.prune": self.cache_prune, "cache.near_misses": self.cache_near_misses,
-                "cache.explain": self.cache_explain, "store.stats": self.store_stats, "store.prune": self.store_prune,
+                "cache.explain": self.cache_explain, "cache.diagnosis": self.cache_diagnosis,
+                "store.stats": self.store_stats, "store.prune": self.store_prune,
                 "shutdown": self.shutdown}
 
     def streams(self) -> dict[str, Callable]:
@@ -146,6 +155,18 @@ class ControlMethods:
         explanation = await asyncio.to_thread(self._explain, record) if self._explain is not None else None
         return {"request_id": request_id, "near_miss": cache_methods.near_miss_json(record),
                 "explanation": explanation.to_json() if explanation is not None else None}
+
+    async def cache_diagnosis(self, params: dict) -> dict:
+        response_id = str_param(params, "response_id")
+        if not response_id:
+            raise ControlError(BAD_REQUEST, "`response_id` is required")
+        found = await asyncio.to_thread(self._diagnoses, response_id) if self._diagnoses is not None else None
+        if found is None:
+            raise ControlError(NOT_FOUND, f"no cache diagnosis is kept for {response_id}",
+                               hint="diagnoses are made for requests that send Anthropic `diagnostics."
+                                    "previous_message_id` or Responses `prompt_cache_options.comparison_response_id`")
+        namespace, diagnosis = found
+        return {"response_id": response_id, "namespace": namespace, "diagnosis": diagnosis.to_json()}
 
     def _cache(self):
         if self._engine is None:

@@ -32,6 +32,8 @@ class Cause(str, Enum):
     DIFFERENT_MODEL = "different_model"
     DIFFERENT_NAMESPACE = "different_namespace"
     EDITED_HISTORY = "edited_history"
+    CACHE_BUSTER = "cache_buster"  # a known client buster (cache_busters.py) that zllm reports, not removes
+    CHANGED_SETTING = "changed_setting"  # thinking, tool choice or response format changed the prompt
     NO_MISS = "no_miss"
     UNKNOWN = "unknown"
 
@@ -52,6 +54,8 @@ _LABELS = {
     Cause.DIFFERENT_MODEL: "different model",
     Cause.DIFFERENT_NAMESPACE: "different namespace",
     Cause.EDITED_HISTORY: "edited history",
+    Cause.CACHE_BUSTER: "client cache-buster",
+    Cause.CHANGED_SETTING: "changed setting",
     Cause.NO_MISS: "no miss",
     Cause.UNKNOWN: "unknown",
 }

@@ -128,6 +128,9 @@ def diagnose_windows(before: str, cached_after: str, request_after: str, label: 
     kind = label.kind if label else None
     if kind in ("tool", "tools"):
         return _tool_window_diagnosis(before, cached_after, request_after, where)
+    buster = _window_buster(before, cached_after, request_after, label)
+    if buster:
+        return buster
     if kind in ("system", "message", "messages"):
         return Diagnosis(Cause.EDITED_HISTORY, f"the text of {where} changed")
     if kind == "generation":
@@ -150,6 +153,23 @@ def label_from_segment(segment: str | None) -> Label | None:
         match = re.match(pattern, segment)
         if match:
             return Label(kind, segment, int(match.group(1)))
+    return None
+
+
+_TOKENS_LEFT = re.compile(r"(?i)\btokens?\s+(?:left|remaining)\b|\bcontext\s+(?:left|remaining)\b|\btoken\s+usage\b")
+
+
+def _window_buster(before: str, cached_after: str, request_after: str, label: Label | None) -> Diagnosis | None:
+    """Claude Code's busters that zllm reports rather than removes (prompt/cache_busters.py), read off the
+    windows and the segment: a tokens-left reminder, a system message in the middle of the conversation."""
+    if "<system-reminder>" in before + cached_after + request_after and _TOKENS_LEFT.search(
+            before + cached_after + request_after):
+        return Diagnosis(Cause.CACHE_BUSTER, "a trailing tokens-left reminder moved or was rewritten: the client "
+                                             "rewrites it every turn, so the cache cannot reuse what follows it")
+    if label is not None and label.kind == "message" and label.name.endswith("(system)") and label.index:
+        return Diagnosis(Cause.CACHE_BUSTER, f"{label.name} is a mid-conversation system message whose text "
+                                             "changed (dates, deferred tool lists): the model reads it, so zllm "
+                                             "keeps it, and nothing after it can be reused")
     return None
 
 

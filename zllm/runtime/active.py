@@ -91,6 +91,9 @@ class ActiveRequest:
     # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
     generated: list[int] = field(default_factory=list)
     kept: bool = False  # whether the device tier kept the terminal state
+    # whether the terminal state is offered to a prefix cache that keeps conversations (known at admission;
+    # `kept` is known only after the last event went out)
+    keeps: bool = False
     admitted_at: float = field(default_factory=time.perf_counter)
     looked_up_at: float | None = None  # the prefix cache answered (restore included)
     prefilled_at: float | None = None
@@ -104,7 +107,9 @@ class ActiveRequest:
         return self.lease.cached_tokens if self.lease is not None else 0
 
     def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
-        usage = Usage(len(self.request.prompt_ids), self.output.completion_tokens, self.cached_tokens)
+        prompt = len(self.request.prompt_ids)
+        written = prompt - self.cached_tokens if self.keeps else 0
+        usage = Usage(prompt, self.output.completion_tokens, self.cached_tokens, cache_write_tokens=written)
         return Finished(reason, usage, stop_sequence=stop_sequence)
 
     def terminal_sequence(self, held: int) -> tuple[int, ...]:

@@ -33,6 +33,8 @@ from zllm.prompt import (
     model_stop_token_ids,
     position_describer,
 )
+from zllm.prompt.cache_busters import describe_busters, reported_busters
+from zllm.prompt.fingerprint import fingerprint_request
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.draft_model import DraftModel, load_draft_model
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
@@ -46,6 +48,7 @@ from zllm.runtime.prefix import (
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
+from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
@@ -55,9 +58,11 @@ class LocalRequestStream:
     """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
 
     def __init__(self, request_id: str, prompt_tokens: int, engine_request: EngineRequest,
-                 events: asyncio.Queue[Event]):
+                 events: asyncio.Queue[Event], fingerprint: RequestFingerprint | None = None):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
+        # the prompt's digests and token ids, for cache diagnostics (zllm/store/fingerprints.py)
+        self.fingerprint = fingerprint
         self._engine_request = engine_request
         self._events = events
         self._iterated = False
@@ -186,7 +191,7 @@ class LocalEngineClient:
     async def submit(self, request: ChatRequest) -> LocalRequestStream:
         self._check_model(request.model)
         self._check_queue()
-        prompt, fence = await asyncio.get_running_loop().run_in_executor(None, self._prepare, request)
+        prompt, fence, fingerprint = await asyncio.get_running_loop().run_in_executor(None, self._prepare, request)
         prompt_tokens = len(prompt.token_ids)
         room = self.context_length - prompt_tokens
         if room < 1:  # the prompt must leave room for at least one output token
@@ -207,7 +212,7 @@ class LocalEngineClient:
             describe_position=position_describer(self.renderer, request),
             api=request.api,
             model=request.model,
-            notes=tuple(f"dropped per-session line: {line[:80]}" for line in prompt.dropped),
+            notes=describe_busters(prompt.dropped, reported_busters(request.messages)),
             parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                        new_call_id=new_tool_call_id),
             fence=fence,
@@ -216,13 +221,22 @@ class LocalEngineClient:
             dialect=self.dialect.name,
             fence_label=fence_label(request) if fence is not None else "off",
         )
-        stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events)
+        stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events,
+                                    fingerprint=fingerprint)
         self.engine.submit(engine_request)
         return stream
 
     async def count_tokens(self, request: ChatRequest) -> int:
         self._check_model(request.model)
         return len((await self._render(request)).token_ids)
+
+    def diagnose_cache(self, previous: RequestFingerprint | None, current: RequestFingerprint, *,
+                       compared_with: str) -> CacheDiagnosis:
+        """Why `current` cannot reuse all of `previous`'s cached prompt (zllm/inspect/cache_diagnosis.py),
+        with this model's tokenizer to read the tokens on both sides of the divergence. Any thread."""
+        from zllm.inspect.cache_diagnosis import diagnose  # the inspect package loads only when asked
+
+        return diagnose(previous, current, compared_with=compared_with, decode=self.renderer.tokenizer.decode)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
@@ -242,14 +256,16 @@ class LocalEngineClient:
             raise Overloaded(f"{self.engine.waiting} requests are already waiting for the engine",
                              hint="retry shortly, or raise --max-queue")
 
-    def _prepare(self, request: ChatRequest) -> tuple[RenderedPrompt, Fence | None]:
-        """Render the prompt and compile the request's fence (off the event loop: both take milliseconds).
-        A grammar llguidance rejects (an unsupported schema) fails here, before anything streams."""
+    def _prepare(self, request: ChatRequest) -> tuple[RenderedPrompt, Fence | None, RequestFingerprint]:
+        """Render the prompt, compile the request's fence and fingerprint the prompt (off the event loop: each
+        takes milliseconds). A grammar llguidance rejects (an unsupported schema) fails here, before anything
+        streams."""
         prompt = self.renderer.render(request)
         spec = FenceSpec(tools=request.tools, choice=request.tool_choice, thinking=self.renderer.thinking(request),
                          response_schema=request.response_format.schema if request.response_format else None)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
-        return prompt, (self.fences.compile(grammar) if grammar is not None else None)
+        fence = self.fences.compile(grammar) if grammar is not None else None
+        return prompt, fence, fingerprint_request(request, prompt)
 
     async def _render(self, request: ChatRequest) -> RenderedPrompt:
         return await asyncio.get_running_loop().run_in_executor(None, self.renderer.render, request)

@@ -227,6 +227,7 @@ class EngineLoop:
             sampler=Sampler(request.sampling, self.engine.device),
             output=self._output_processor(request),
             lease=lease,
+            keeps=lease is not None and (self.prefix_cache.config.rounds > 0 or self.prefix_cache.store is not None),
             admitted_at=admitted_at,
         )
         active.looked_up_at = time.perf_counter()

@@ -54,7 +54,8 @@ def test_text_stream_golden():
 
 def test_usage_chunk_golden():
     usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11,
-             "prompt_tokens_details": {"cached_tokens": 6}, "completion_tokens_details": {"reasoning_tokens": 0}}
+             "prompt_tokens_details": {"cached_tokens": 6, "cache_write_tokens": 0},
+             "completion_tokens_details": {"reasoning_tokens": 0}}
     assert encode_stream(text_events("a", cached_tokens=6), include_usage=True) == [
         chunk({"role": "assistant", "content": ""}, usage=None),
         chunk({"content": "a"}, usage=None),
@@ -119,7 +120,8 @@ def test_non_streaming_completion_golden():
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world"}, "logprobs": None,
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
-                  "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens_details": {"reasoning_tokens": 0}},
+                  "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
+                  "completion_tokens_details": {"reasoning_tokens": 0}},
     }
 
 

@@ -13,6 +13,7 @@ from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import ControlError, LoadedModelInfo
 from zllm.runtime.report import RequestReport
 from zllm.runtime.trace import LogHub, TraceHub
+from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore, RequestFingerprint
 
 NOW = time.time()
 
@@ -187,6 +188,22 @@ def test_explain_with_no_near_misses_says_so(daemon) -> None:
     with pytest.raises(ControlError) as none:
         daemon.client.explain()
     assert none.value.code == "not_found" and "no near misses" in none.value.message
+
+
+def test_a_responses_cache_diagnosis_by_id(daemon) -> None:
+    store = FingerprintStore.in_memory()
+    fingerprint = RequestFingerprint(model="m", system="", tools=(), messages=("u",), roles=("user",), options={},
+                                     prompt_ids=(1, 2, 3))
+    store.save(fingerprint.with_response("msg_2", "ns"))
+    store.save_diagnosis("msg_2", "ns", CacheDiagnosis("system", "msg_1", missed_tokens=2, reusable_tokens=3))
+    ready(daemon)
+    daemon.control.attach_diagnoses(store.diagnosis)
+    answer = daemon.client.diagnosis("msg_2")
+    assert (answer["namespace"], answer["diagnosis"]["reason"], answer["diagnosis"]["missed_tokens"]) == (
+        "ns", "system", 2)
+    with pytest.raises(ControlError) as unknown:
+        daemon.client.diagnosis("msg_unknown")
+    assert unknown.value.code == "not_found" and "previous_message_id" in unknown.value.hint
 
 
 def test_trace_replays_recent_finished_requests_then_follows(daemon) -> None:

@@ -121,3 +121,25 @@ def test_format_explanation_shows_where_why_and_both_windows() -> None:
     assert lines[0] == "diverged from e (ssd) at token 2000 (cached 2100, request 2200 tokens), in system block"
     assert lines[1] == "cause: timestamp in the prompt"
     assert lines[3:] == ['  before   "…Today is "', '  cached   "Monday [x].…"', '  request  "Tuesday.…"']
+
+
+def conversation(*messages: Message) -> ChatRequest:
+    return ChatRequest(id="r", model="m", tools=TOOLS, messages=(Message("system", "You are an agent."), *messages))
+
+
+def test_a_changed_mid_conversation_system_message_is_named_a_buster(renderer) -> None:
+    ask = Message("user", "List the files in /repo, please.")
+    record = daemon_record(renderer, conversation(ask, Message("system", "Deferred tools: WebFetch")),
+                           conversation(ask, Message("system", "Deferred tools: WebSearch")))
+    expl = explain_near_miss(record)
+    assert (expl.segment, expl.cause) == ("message 2 (system)", Cause.CACHE_BUSTER)
+    assert "mid-conversation system message" in expl.detail
+
+
+def test_a_rewritten_tokens_left_reminder_is_named_a_buster(renderer) -> None:
+    def ask(tokens: str) -> Message:
+        return Message("user", f"List the files.\n<system-reminder>\n{tokens} tokens left\n</system-reminder>")
+
+    expl = explain_near_miss(daemon_record(renderer, conversation(ask("48000")), conversation(ask("31000"))))
+    assert (expl.segment, expl.cause) == ("message 1 (user)", Cause.CACHE_BUSTER)
+    assert "tokens-left reminder" in expl.detail

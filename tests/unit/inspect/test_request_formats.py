@@ -66,9 +66,11 @@ def test_format_is_recognised_from_the_keys(body: dict, expected: RequestFormat)
 def test_each_format_decodes_with_its_own_decoder(tmp_path: Path) -> None:
     claude = read_request_file(write(tmp_path, CLAUDE_CODE, "a.json"))
     assert (claude.format, claude.reason) == (RequestFormat.ANTHROPIC, "top-level `system`")
-    # the billing block is dropped by the Anthropic decoder; the mid-conversation system turn is kept in place
-    assert claude.request.messages == (Message("system", "You are Claude Code."), Message("user", "hi"),
-                                       Message("system", "Today is Monday."))
+    # the billing block is kept for the renderer to drop (and report); the mid-conversation system turn is
+    # kept in place
+    assert claude.request.messages == (
+        Message("system", "x-anthropic-billing-header: cc_version=2.1.332.0b8;\nYou are Claude Code."),
+        Message("user", "hi"), Message("system", "Today is Monday."))
     codex = read_request_file(write(tmp_path, CODEX, "b.json"))
     assert codex.format is RequestFormat.RESPONSES
     assert [m.role for m in codex.request.messages] == ["system", "user"]

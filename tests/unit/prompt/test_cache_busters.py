@@ -4,7 +4,13 @@ import logging
 
 from zllm.canonical import ChatRequest, Message
 from zllm.prompt import PromptRenderer
-from zllm.prompt.cache_busters import drop_billing_headers
+from zllm.prompt.cache_busters import (
+    MID_CONVERSATION_SYSTEM,
+    TOKENS_LEFT_REMINDER,
+    describe_busters,
+    drop_billing_headers,
+    reported_busters,
+)
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;"
 
@@ -33,5 +39,34 @@ def test_two_sessions_render_the_same_prompt(qwen_tokenizer) -> None:
 
 
 def test_other_messages_are_untouched() -> None:
+    # a user message that quotes the header, and a system line that mentions it without starting with it
     messages = (Message("user", HEADER), Message("system", "note: " + HEADER))
     assert drop_billing_headers(messages) == (messages, ())
+
+
+def test_a_header_on_a_later_line_with_cch_goes_too() -> None:
+    header = "x-anthropic-billing-header: cc_version=2.1.340.1a2; cc_entrypoint=cli; cch=5e1f0;"
+    kept, removed = drop_billing_headers((Message("system", "You are an agent.\n" + header + "\nBe brief."),))
+    assert kept == (Message("system", "You are an agent.\nBe brief."),) and removed == (header,)
+
+
+REMINDER = "<system-reminder>\nToken usage: 51234/200000; 148766 tokens left\n</system-reminder>"
+
+
+def test_busters_the_model_reads_are_reported_not_removed(qwen_tokenizer) -> None:
+    messages = (Message("system", "You are an agent."), Message("user", "hi\n" + REMINDER),
+                Message("system", "# Environment\nToday's date is 2026-12-01."), Message("user", "and then?"))
+    assert reported_busters(messages) == ((1, TOKENS_LEFT_REMINDER), (2, MID_CONVERSATION_SYSTEM))
+    rendered = PromptRenderer(qwen_tokenizer).render(chat(*messages))
+    assert "tokens left" in rendered.text and "Today's date" in rendered.text  # kept for the model
+    notes = describe_busters((HEADER,), reported_busters(messages))
+    assert notes[0] == f"dropped per-session line: {HEADER}"
+    assert notes[1].startswith("trailing tokens-left reminder in message 1 (kept")
+    assert notes[2].startswith("mid-conversation system message in message 2")
+
+
+def test_a_reminder_that_is_not_trailing_or_not_about_tokens_is_no_buster() -> None:
+    assert reported_busters((Message("user", REMINDER + "\nnow fix the bug"),)) == ()
+    assert reported_busters((Message("user", "hi\n<system-reminder>Be careful.</system-reminder>"),)) == ()
+    # a leading system message (and a second one before any turn) is the system prompt, not a buster
+    assert reported_busters((Message("system", "a"), Message("system", "b"), Message("user", "hi"))) == ()

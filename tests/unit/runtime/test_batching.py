@@ -325,6 +325,9 @@ def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
         reference = run_alone(alone_client, request)
         assert (outcome.text, outcome.reason) == (reference.text, reference.reason), request.id
         assert outcome.usage == dataclasses.replace(reference.usage, cached_tokens=outcome.usage.cached_tokens)
+        usage = outcome.usage  # what was not restored is kept for next time; alone, with no cache, nothing is
+        assert (usage.cache_write_tokens, reference.usage.cache_write_tokens) == (
+            usage.prompt_tokens - usage.cached_tokens, 0)
     y_cached, x_cached, z_cached = (outcome.usage.cached_tokens for outcome in outcomes)
     assert y_cached > prompt_tokens(client, y1) and x_cached > prompt_tokens(client, x1) and z_cached == 0
     settle(client)

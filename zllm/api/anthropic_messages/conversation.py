@@ -1,6 +1,6 @@
 """Anthropic `system` + `messages` → the canonical conversation (a tuple of `Message`s).
 
-    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=…;"},      ← dropped
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=…;"},      ← dropped later
                {"type": "text", "text": "You are…", "cache_control": {"type": "ephemeral"}}]
     "messages": [
       {"role": "user", "content": [{"type": "text", "text": "<system-reminder>…"}, {"type": "text", "text": "hi"}]},
@@ -12,7 +12,7 @@
       {"role": "user", "content": [
           {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt", "is_error": false}]}]
   →
-    system "You are…" · user "<system-reminder>…\nhi" · system "# Environment …"
+    system "x-anthropic-billing-header: …\nYou are…" (the renderer drops that line) · user "<system-reminder>…\nhi" · system "# Environment …"
     · assistant "Let me look." (reasoning "…", tool_calls [toolu_1 Bash {"command":"ls"}])
     · tool "a.txt" (toolu_1, Bash)
 
@@ -70,8 +70,8 @@ def _decode_system(raw: object) -> str | None:
         return raw or None
     blocks = _blocks(raw, "system")
     texts = [_text_block(block, f"system[{j}]") for j, block in enumerate(blocks)]
-    kept = [text for text in texts if not text.startswith(wire.BILLING_HEADER_PREFIX)]
-    return wire.BLOCK_SEPARATOR.join(kept) if kept else None
+    # the billing header block stays: the renderer drops it (and the trace reports it) on every API path
+    return wire.BLOCK_SEPARATOR.join(texts) if texts else None
 
 
 def _decode_message(item: object, param: str, conversation: Conversation) -> None:

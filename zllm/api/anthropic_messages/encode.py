@@ -19,11 +19,13 @@
 Blocks open lazily in event order, one at a time, with increasing indexes: a block closes when a block of
 another kind starts (a tool_use block also at its ToolCallEnd). Empty deltas open nothing.
 
-Usage follows Anthropic: `input_tokens` counts only the prompt tokens not read from the cache, so
-input_tokens + cache_read_input_tokens (+ cache_creation_input_tokens, always 0: zllm caches as a side
-effect, at no extra cost) is the whole prompt, the number count_tokens returns. message_start cannot know the
-cache split yet (it is sent before prefill), so it reports the whole prompt as input; message_delta carries
-the final split (usage there is cumulative and overrides, in the SDK and in Claude Code).
+Usage follows Anthropic: input_tokens + cache_creation_input_tokens + cache_read_input_tokens is the whole
+prompt, the number count_tokens returns. `cache_read_input_tokens` is what the prefix cache restored,
+`cache_creation_input_tokens` what was prefilled and handed to it to keep (the rest of the prompt whenever
+the cache keeps conversations, at no extra cost), `input_tokens` what was prefilled and not kept (all of it
+with the cache off). message_start cannot know the cache split yet (it is sent before prefill), so it
+reports the whole prompt as input; message_delta carries the final split (usage there is cumulative and
+overrides, in the SDK and in Claude Code).
 
 ABORT ends the stream without message_stop. ERROR is `event: error` with
 `{"type":"error","error":{"type":"api_error"|"overloaded_error"|…,"message":…}}`.
@@ -61,8 +63,8 @@ def frame(data: dict) -> SseMessage:
 
 def usage_body(usage: Usage) -> dict:
     return {
-        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens,
+        "cache_creation_input_tokens": usage.cache_write_tokens,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
     }
@@ -88,10 +90,13 @@ class _OpenBlock:
 class MessagesStreamEncoder:
     """One streaming request's state machine: canonical events in, `SseMessage` frames out."""
 
-    def __init__(self, *, message_id: str, model: str, prompt_tokens: int):
+    def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None):
+        """`extra`: more fields of the message object, as `message_start` (and so the non-streaming answer)
+        carries them: `{"diagnostics": …}` (api/cache_diagnostics.py)."""
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
+        self.extra = extra or {}
         self._open: _OpenBlock | None = None
         self._next_index = 0
         self._saw_tool_use = False
@@ -101,6 +106,7 @@ class MessagesStreamEncoder:
             "id": self.message_id, "type": wire.MESSAGE, "role": wire.ASSISTANT, "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": usage_body(Usage(prompt_tokens=self.prompt_tokens, completion_tokens=0)),
+            **self.extra,
         }
         return [frame({"type": "message_start", "message": message}), frame({"type": "ping"})]
 

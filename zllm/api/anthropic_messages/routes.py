@@ -1,6 +1,7 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens` (both also with Claude Code's `?beta=true`).
 
-    POST /v1/messages               → SSE (`"stream": true`) or one `message` object
+    POST /v1/messages               → SSE (`"stream": true`) or one `message` object (with `diagnostics`
+                                      when the request sends `diagnostics`: api/cache_diagnostics.py)
     POST /v1/messages/count_tokens  → {"input_tokens": 1234}
 
 Errors before the first event (bad request, unknown model, prompt too long, overloaded) are plain HTTP
@@ -21,6 +22,7 @@ from zllm.api.anthropic_messages.decode import (
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.auth import request_namespace
+from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
@@ -34,10 +36,19 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 @uses_error_shape(anthropic_error_body)
 async def create_message(request: web.Request) -> web.StreamResponse:
     body = parse_json_object(await request.read())
-    call = decode_messages_request(body, request_id=ids.request_id(), namespace=request_namespace(request))
-    stream = await engine_of(request).submit(call.request)
-    encoder = MessagesStreamEncoder(message_id=new_message_id(), model=call.request.model,
-                                    prompt_tokens=stream.prompt_tokens)
+    namespace = request_namespace(request)
+    call = decode_messages_request(body, request_id=ids.request_id(), namespace=namespace)
+    wants_diagnostics, previous_id = anthropic_previous_id(body)
+    engine = engine_of(request)
+    stream = await engine.submit(call.request)
+    message_id, extra = new_message_id(), {}
+    if wants_diagnostics:  # the message says why the cache could not reuse the previous one's prompt
+        service = diagnostics_of(request)
+        diagnosis = (await service.note(engine, stream, namespace=namespace, response_id=message_id,
+                                        previous_id=previous_id) if service is not None else None)
+        extra["diagnostics"] = anthropic_diagnostics(diagnosis)
+    encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
+                                    prompt_tokens=stream.prompt_tokens, extra=extra)
     if call.stream:
         return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
     builder = MessageBuilder(encoder)

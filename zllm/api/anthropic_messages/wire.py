@@ -55,9 +55,6 @@ BLOCK_SEPARATOR = "\n"
 # returned as `content` for the same generation).
 ASSISTANT_SEPARATOR = ""
 
-# Claude Code's first system block ("x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=…;")
-# changes per session and means nothing to the model: dropped, so the prompt prefix stays cacheable.
-BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 
 # An errored tool result (`is_error: true`) is shown to the model as "Error: <content>" (just "Error" when
 # empty): chat templates have no is_error flag, and OpenAI-style tool results have none either.

@@ -48,7 +48,8 @@ def usage_body(usage: Usage, *, saw_reasoning: bool) -> dict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # read from the prefix cache / prefilled and handed to it to keep (0 with the cache off)
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens},
         "completion_tokens_details": completion_details,
     }
 

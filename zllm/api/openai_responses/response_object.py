@@ -41,7 +41,8 @@ def response_shell(response_id: str, *, model: str, created_at: int, echo: dict)
 def usage_body(usage: Usage, *, reasoning_tokens: int) -> dict:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # read from the prefix cache / prefilled and handed to it to keep (0 with the cache off)
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from zllm.api.auth import request_namespace
+from zllm.api.cache_diagnostics import diagnostics_of
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
 from zllm.api.fields import parse_json_object
@@ -48,7 +49,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = parse_json_object(await request.read())
     namespace = request_namespace(request)
     chain = ResponseChain(store_of(request), seal=seal_of(request))
-    turn = await begin_turn(body, engine=engine_of(request), chain=chain, namespace=namespace)
+    turn = await begin_turn(body, engine=engine_of(request), chain=chain, namespace=namespace,
+                            diagnostics=diagnostics_of(request))
     if turn.stream is None:  # `generate: false`: nothing runs, so nothing can be cancelled
         return await _send_prewarm(request, turn) if turn.call.stream else web.json_response(await collect(turn))
     with in_flight_of(request).track(turn, namespace):

@@ -15,6 +15,12 @@ import time
 from dataclasses import dataclass
 
 from zllm import ids
+from zllm.api.cache_diagnostics import (
+    CacheDiagnostics,
+    comparison_response_id,
+    responses_diagnostics,
+    responses_options_echo,
+)
 from zllm.api.collect import raise_unless_completed, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
@@ -43,8 +49,11 @@ class Turn:
     stream: RequestStream | None  # None for `generate: false`
 
 
-async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, namespace: str) -> Turn:
+async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, namespace: str,
+                     diagnostics: CacheDiagnostics | None = None) -> Turn:
+    """`diagnostics`: where prompt fingerprints are kept (None: no `prompt_cache_diagnostics`)."""
     call = decode_responses_request(body, seal=chain.seal)
+    cache_options, compared = comparison_response_id(body)
     previous = await chain.previous(call.previous_response_id, namespace)
     plan = plan_turn(call, previous)
     response_id, created_at = ids.new_id(wire.RESPONSE_ID), int(time.time())
@@ -69,7 +78,15 @@ async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, 
         return Turn(call, encoder, None)
     build = summary_request if compacting else chat_request
     request = build(call, plan, request_id=ids.request_id(), namespace=namespace)
-    return Turn(call, encoder, await engine.submit(request))
+    stream = await engine.submit(request)
+    if diagnostics is not None:
+        diagnosis = await diagnostics.note(engine, stream, namespace=namespace, response_id=response_id,
+                                           previous_id=compared)
+        if cache_options is not None:
+            encoder.response["prompt_cache_options"] = responses_options_echo(cache_options, compared)
+        if diagnosis is not None:
+            encoder.response["prompt_cache_diagnostics"] = responses_diagnostics(diagnosis)
+    return Turn(call, encoder, stream)
 
 
 async def collect(turn: Turn) -> dict:

@@ -24,6 +24,7 @@ import logging
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from zllm.api.auth import request_namespace
+from zllm.api.cache_diagnostics import CacheDiagnostics, diagnostics_of
 from zllm.api.context import engine_of
 from zllm.api.errors import (
     ApiError,
@@ -78,7 +79,8 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
     await ws.prepare(request)
     chain = ResponseChain(store_of(request), ConnectionResponses(), seal=seal_of(request))
-    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request))
+    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request),
+                               diagnostics=diagnostics_of(request))
     sessions.open.add(session)
     try:
         await session.run()
@@ -92,8 +94,9 @@ class WebSocketSession:
     mid-response is noticed at once (its request is aborted), not only at the next failed write."""
 
     def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str,
-                 in_flight: InFlightResponses):
+                 in_flight: InFlightResponses, *, diagnostics: CacheDiagnostics | None = None):
         self.ws = ws
+        self.diagnostics = diagnostics  # prompt fingerprints for `prompt_cache_diagnostics`
         self.engine = engine
         self.chain = chain
         self.namespace = namespace
@@ -141,7 +144,8 @@ class WebSocketSession:
     async def _create(self, text: str) -> None:
         try:
             body = _create_body(parse_json_object(text.encode()))
-            turn = await begin_turn(body, engine=self.engine, chain=self.chain, namespace=self.namespace)
+            turn = await begin_turn(body, engine=self.engine, chain=self.chain, namespace=self.namespace,
+                                    diagnostics=self.diagnostics)
         except Exception as exc:  # the client's mistake (or ours): answer in-band, keep the socket
             await self._send_error(describe_exception(exc))
             return

@@ -68,7 +68,9 @@ CLAUDE_CODE_BODY = {
 }
 
 EXPECTED_MESSAGES = (
-    Message("system", "You are a Claude agent.\n\nYou are an agent working with the user."),
+    # the billing header stays in the canonical form: the renderer drops (and reports) it on every API path
+    Message("system", "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;\n"
+                      "You are a Claude agent.\n\nYou are an agent working with the user."),
     Message("user", REMINDER + "\nlist files"),
     Message("system", "# Environment\nToday's date is 2026-01-01."),
     Message("assistant", "Let me use a tool.", reasoning=THOUGHT,
@@ -104,7 +106,8 @@ def test_claude_code_request_golden():
 
 def test_same_conversation_through_openai_chat_gives_the_same_messages():
     chat_body = {"model": MODEL, "messages": [
-        {"role": "system", "content": "You are a Claude agent.\n\nYou are an agent working with the user."},
+        # a proxy forwards the system blocks as content parts, billing header included
+        {"role": "system", "content": [{"type": "text", "text": block["text"]} for block in CLAUDE_CODE_BODY["system"]]},
         {"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": "list files"}]},
         {"role": "developer", "content": "# Environment\nToday's date is 2026-01-01."},
         {"role": "assistant", "content": "Let me use a tool.", "reasoning_content": THOUGHT, "tool_calls": [

@@ -26,7 +26,7 @@ from zllm.canonical import (
 )
 
 SHELL = response_shell("resp_1", model="m", created_at=100, echo={"store": False})
-USAGE = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 2,
+USAGE = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 2,
          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 12}
 TOOLS = decode_tools([
     ({"type": "function", "name": "sh"}, "tools[0]"),
