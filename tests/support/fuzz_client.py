@@ -78,7 +78,7 @@ async def post(session: aiohttp.ClientSession, base_url: str, case: BadRequest,
         async with session.post(base_url + PATHS[case.api], data=case.body, timeout=timeout,
                                 headers={"Content-Type": "application/json"}) as response:
             return Outcome(case, response.status, await response.text(errors="replace"))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Outcome(case, None, "", hung=True)
 
 
@@ -94,7 +94,7 @@ async def send_frames(session: aiohttp.ClientSession, base_url: str, cases: list
                                               max_msg_size=0)
             try:
                 outcomes.append(await asyncio.wait_for(_exchange(ws, case), timeout_s))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 outcomes.append(Outcome(case, None, "", hung=True))
                 await ws.close()
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import parse_json_object
 from zllm.api.openai_chat.decode import decode_chat_request
 from zllm.canonical import (
     ChatRequest,

@@ -24,7 +24,7 @@ from zllm.api.auth import request_namespace
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.sse import stream_sse
 
 MESSAGES_PATH = "/v1/messages"
@@ -33,7 +33,7 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 @uses_error_shape(anthropic_error_body)
 async def create_message(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     call = decode_messages_request(body, request_id=ids.request_id(), namespace=request_namespace(request))
     stream = await engine_of(request).submit(call.request)
     encoder = MessagesStreamEncoder(message_id=new_message_id(), model=call.request.model,
@@ -47,7 +47,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 @uses_error_shape(anthropic_error_body)
 async def count_tokens(request: web.Request) -> web.Response:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     chat_request = decode_count_tokens_request(body, request_id=ids.request_id(),
                                                namespace=request_namespace(request))
     return web.json_response({"input_tokens": await engine_of(request).count_tokens(chat_request)})

@@ -18,7 +18,7 @@ from aiohttp import web
 from zllm.api.auth import request_namespace
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import (
     BackgroundStore,
@@ -40,7 +40,7 @@ PATH = "/v1/responses"
 
 @uses_error_shape(openai_error_body)
 async def create_response(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     namespace = request_namespace(request)
     turn = await begin_turn(body, engine=engine_of(request), chain=ResponseChain(store_of(request)),
                             namespace=namespace)

@@ -31,7 +31,7 @@ from zllm.api.errors import (
     openai_error_body,
     uses_error_shape,
 )
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import parse_off_loop
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
 from zllm.api.openai_responses.context import in_flight_of, store_of
@@ -78,7 +78,8 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
     await ws.prepare(request)
     chain = ResponseChain(store_of(request), ConnectionResponses())
-    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request))
+    session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request),
+                               app=request.app)
     sessions.open.add(session)
     try:
         await session.run()
@@ -92,8 +93,9 @@ class WebSocketSession:
     mid-response is noticed at once (its request is aborted), not only at the next failed write."""
 
     def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str,
-                 in_flight: InFlightResponses):
+                 in_flight: InFlightResponses, *, app: web.Application):
         self.ws = ws
+        self.app = app  # whose parse slots a big frame waits for
         self.engine = engine
         self.chain = chain
         self.namespace = namespace
@@ -140,7 +142,7 @@ class WebSocketSession:
 
     async def _create(self, text: str) -> None:
         try:
-            body = _create_body(parse_json_object(text.encode()))
+            body = _create_body(await parse_off_loop(self.app, text))
             turn = await begin_turn(body, engine=self.engine, chain=self.chain, namespace=self.namespace)
         except Exception as exc:  # the client's mistake (or ours): answer in-band, keep the socket
             await self._send_error(describe_exception(exc))
