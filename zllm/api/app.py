@@ -21,9 +21,9 @@ from aiohttp import web
 from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import auth_middleware
-from zllm.api.context import BODY_PARSE_SLOTS, ENGINE, SSE_HEARTBEAT_S
+from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
-from zllm.api.json_body import new_parse_slots
+from zllm.api.json_body import BODY_PARSING, BodyParsing
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_HEARTBEAT_S
@@ -68,7 +68,7 @@ def create_app(
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
-    app[BODY_PARSE_SLOTS] = new_parse_slots()
+    app[BODY_PARSING] = BodyParsing()
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
     openai_responses_routes.add_routes(app, store=responses, websocket=websocket)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from zllm.canonical import EngineClient
@@ -11,8 +9,6 @@ from zllm.canonical import EngineClient
 ENGINE = web.AppKey("zllm.engine", EngineClient)
 # seconds without an event before an SSE stream sends a keep-alive comment; None = never
 SSE_HEARTBEAT_S = web.AppKey("zllm.sse_heartbeat_s", float)
-# how many big request bodies may be parsed at once, off the event loop (api/json_body.py)
-BODY_PARSE_SLOTS = web.AppKey("zllm.body_parse_slots", asyncio.Semaphore)
 
 
 def engine_of(request: web.Request) -> EngineClient:

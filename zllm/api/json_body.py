@@ -1,7 +1,7 @@
 """Request bodies (and WebSocket frames) as JSON objects: parsed strictly, and off the event loop when big.
 
     body = await read_json_object(request)              # a dict, or InvalidRequest (a 400 in the route's shape)
-    body = await parse_off_loop(request.app, frame_text)   # the same for a WebSocket text frame
+    body = await app[BODY_PARSING].parse(frame_text)     # the same for a WebSocket text frame
 
 Strict where Python's json module is lenient or fails with an exception no client should see:
 
@@ -13,6 +13,8 @@ Strict where Python's json module is lenient or fails with an exception no clien
 
 Bodies over `OFF_LOOP_BYTES` are parsed in the default executor, at most `PARSE_SLOTS` at once (a 50 MB body
 takes a fraction of a second and a few times its size in memory; other requests keep being served meanwhile).
+Once `TRIM_AFTER_BYTES` of bodies have come in, the first `TRIM_QUIET_S` without a new one gives the freed
+heap back to the OS (zllm/memory.py): without it RSS stays hundreds of MB up after a burst of big bodies.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import re
 
 from aiohttp import web
 
-from zllm.api.context import BODY_PARSE_SLOTS
+from zllm import memory
 from zllm.api.fields import json_type_name
 from zllm.errors import InvalidRequest
 
@@ -33,6 +35,8 @@ from zllm.errors import InvalidRequest
 MAX_DEPTH = 128
 OFF_LOOP_BYTES = 1 << 20
 PARSE_SLOTS = 2
+TRIM_AFTER_BYTES = 8 << 20
+TRIM_QUIET_S = 1.0
 
 # a \u escape of a UTF-16 surrogate: only a body holding one can decode to a string with a lone surrogate
 # (pairs decode to one code point; raw surrogate bytes are not UTF-8 and fail decoding first)
@@ -40,20 +44,44 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def new_parse_slots() -> asyncio.Semaphore:
-    return asyncio.Semaphore(PARSE_SLOTS)
+class BodyParsing:
+    """One app's parse slots for big bodies, and when it last gave freed memory back."""
+
+    def __init__(self, *, slots: int = PARSE_SLOTS, trim_after_bytes: int = TRIM_AFTER_BYTES,
+                 trim_quiet_s: float = TRIM_QUIET_S):
+        self.slots = asyncio.Semaphore(slots)
+        self.trim_after_bytes = trim_after_bytes
+        self.trim_quiet_s = trim_quiet_s
+        self._bytes_since_trim = 0
+        self._trim_timer: asyncio.TimerHandle | None = None
+
+    async def parse(self, raw: bytes | str) -> dict:
+        """`parse_json_object(raw)`, in the executor under a slot when `raw` is big."""
+        self._note(len(raw))
+        if len(raw) <= OFF_LOOP_BYTES:
+            return parse_json_object(raw)
+        async with self.slots:
+            return await asyncio.get_running_loop().run_in_executor(None, parse_json_object, raw)
+
+    def _note(self, size: int) -> None:
+        self._bytes_since_trim += size
+        if self._bytes_since_trim < self.trim_after_bytes:
+            return
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()  # still busy: wait for the quiet after this body
+        self._trim_timer = asyncio.get_running_loop().call_later(self.trim_quiet_s, self._trim)
+
+    def _trim(self) -> None:
+        self._trim_timer = None
+        self._bytes_since_trim = 0
+        asyncio.get_running_loop().run_in_executor(None, memory.trim)
+
+
+BODY_PARSING = web.AppKey("zllm.body_parsing", BodyParsing)
 
 
 async def read_json_object(request: web.Request) -> dict:
-    return await parse_off_loop(request.app, await request.read())
-
-
-async def parse_off_loop(app: web.Application, raw: bytes | str) -> dict:
-    """`parse_json_object(raw)`, in the executor under the app's parse slots when `raw` is big."""
-    if len(raw) <= OFF_LOOP_BYTES:
-        return parse_json_object(raw)
-    async with app[BODY_PARSE_SLOTS]:
-        return await asyncio.get_running_loop().run_in_executor(None, parse_json_object, raw)
+    return await request.app[BODY_PARSING].parse(await request.read())
 
 
 def parse_json_object(raw: bytes | str) -> dict:

@@ -31,7 +31,7 @@ from zllm.api.errors import (
     openai_error_body,
     uses_error_shape,
 )
-from zllm.api.json_body import parse_off_loop
+from zllm.api.json_body import BODY_PARSING
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
 from zllm.api.openai_responses.context import in_flight_of, store_of
@@ -142,7 +142,7 @@ class WebSocketSession:
 
     async def _create(self, text: str) -> None:
         try:
-            body = _create_body(await parse_off_loop(self.app, text))
+            body = _create_body(await self.app[BODY_PARSING].parse(text))
             turn = await begin_turn(body, engine=self.engine, chain=self.chain, namespace=self.namespace)
         except Exception as exc:  # the client's mistake (or ours): answer in-band, keep the socket
             await self._send_error(describe_exception(exc))
