@@ -112,7 +112,7 @@ class LocalEngineClient:
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
-        self.renderer.length_bound  # read off the vocabulary now (~0.1 s), not during the first request
+        _ = self.renderer.length_bound  # read off the vocabulary now (~0.1 s), not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))
         self.stop_token_ids = model_stop_token_ids(
