@@ -42,7 +42,7 @@ def json_type_name(value: Any) -> str:
 def check_type(value: Any, kind: Kind, param: str) -> Any:
     """`value` if it is a JSON `kind`; integral floats pass as integers (`100.0` from JS clients)."""
     if kind == "integer" and isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     numeric = kind in ("integer", "number")
     if not isinstance(value, _PYTHON_TYPES[kind]) or (numeric and isinstance(value, bool)):
         article = _ARTICLES.get(kind, f"a {kind}")
