@@ -92,7 +92,8 @@ def parse_json_object(raw: bytes | str) -> dict:
     body = _loads(text)
     if not isinstance(body, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {json_type_name(body)}")
-    _check_tree(body, depth=_may_nest_deeper_than(text, MAX_DEPTH), surrogates=_may_hold_surrogates(text, raw_surrogates))
+    surrogates = _may_hold_surrogates(text, raw_surrogates)
+    _check_tree(body, depth=_may_nest_deeper_than(text, MAX_DEPTH), surrogates=surrogates)
     return body
 
 
@@ -132,7 +133,7 @@ def _may_nest_deeper_than(text: str, depth: int) -> bool:
 
 
 def _may_hold_surrogates(text: str, raw: bool) -> bool:
-    return _SURROGATE_ESCAPE.search(text) is not None or (raw and _SURROGATE.search(text) is not None)
+    return _SURROGATE_ESCAPE.search(text) is not None or (raw and _has_lone_surrogate([text]))
 
 
 def _check_tree(body: dict, *, depth: bool, surrogates: bool) -> None:
