@@ -252,6 +252,8 @@ def table(api: str, model: str) -> list[BadRequest]:
         for value in (2**64, 2**63, -(2**63) - 1, 10**40, -5, 1e300):
             raw[f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"] = json.dumps(
                 {**base, key: value}).encode()
+    for seed in (2**64, 2**63, -(2**63) - 1, -1):  # sampling, not greedy: the seed reaches a torch.Generator
+        raw[f"sampled_seed={seed}"] = json.dumps({**base, "temperature": 1, "seed": seed}).encode()
     cases = [BadRequest(api, label, body) for label, body in raw.items()]
     if api in ("responses", "ws"):
         for pid in ("resp_\ud800", "\udfff", "x" * 100_000, "", 5, ["resp_1"]):
