@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -92,6 +93,21 @@ def test_fuzz_corpus_gets_no_5xx_no_hang_no_traceback(daemon: Daemon) -> None:
     assert daemon.proc.poll() is None
     assert "Traceback" not in daemon.log()
     assert_rss_returns(daemon, baseline)
+
+
+def test_requests_aiohttp_cannot_parse_get_a_400_and_one_log_line(daemon: Daemon) -> None:
+    for request in (b"GET /v1/responses/" + b"x" * 10_000 + b" HTTP/1.1\r\nHost: h\r\n\r\n",
+                    b"POST /v1/chat/completions HTTP/1.1\r\nX-Big: " + b"y" * 10_000 + b"\r\n\r\n",
+                    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # TLS to the HTTP port
+                    b"POST /v1/messages HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as conn:
+            conn.sendall(request)
+            answer = conn.recv(200)
+        assert answer.split(b" ", 2)[1] == b"400", answer
+    assert post_raw(daemon.base_url, "/v1/chat/completions", chat())[0] == 200
+    log = daemon.log()
+    assert "malformed HTTP request (LineTooLong), answered 400" in log
+    assert "Traceback" not in log
 
 
 def assert_rss_returns(daemon: Daemon, baseline: int, within_s: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import auth_middleware
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
+from zllm.api.http_log import log_malformed_requests_in_one_line
 from zllm.api.json_body import BODY_PARSING, BodyParsing
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
@@ -62,6 +63,7 @@ def create_app(
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
     passed in is closed by the caller after the app). `websocket=False` refuses Responses WebSockets (426)."""
+    log_malformed_requests_in_one_line()
     middlewares = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
