@@ -42,9 +42,10 @@ class ContextLengthExceeded(ZllmError):
 
     code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, max_context: int):
+    def __init__(self, prompt_tokens: int, max_context: int, *, at_least: bool = False):
+        """`at_least`: `prompt_tokens` is a lower bound, proved from the prompt's length without tokenizing it."""
         super().__init__(
-            f"prompt is too long: {prompt_tokens} tokens > {max_context} maximum",
+            f"prompt is too long: {'at least ' if at_least else ''}{prompt_tokens} tokens > {max_context} maximum",
             hint="shorten the conversation or serve the model with a larger --context-length",
             param="messages",
         )

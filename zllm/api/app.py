@@ -28,6 +28,8 @@ from zllm.api.cache_diagnostics import CACHE_DIAGNOSTICS, CacheDiagnostics
 from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
 from zllm.api.errors import error_response
 from zllm.api.guard import ClientGuard
+from zllm.api.http_log import log_malformed_requests_in_one_line
+from zllm.api.json_body import BODY_PARSING, BodyParsing
 from zllm.api.ollama import routes as ollama_routes
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
@@ -82,6 +84,7 @@ def create_app(
     `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
     (None = a fresh one: namespaces then last as long as the app). `allowed_hosts` / `allowed_origins`: the Host
     names (the bound address among them) and browser origins served besides localhost (api/guard.py)."""
+    log_malformed_requests_in_one_line()
     secret = new_namespace_secret() if namespace_secret is None else namespace_secret
     keys = tuple(dict.fromkeys(k for k in (api_key, *api_keys) if k))
     guard = ClientGuard(allowed_hosts, allowed_origins)
@@ -92,6 +95,7 @@ def create_app(
     app[ENGINE] = engine
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     _add_cache_diagnostics(app, fingerprints)
+    app[BODY_PARSING] = BodyParsing()
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
     openai_responses_routes.add_routes(app, store=responses, websocket=websocket, compaction_key=compaction_key)

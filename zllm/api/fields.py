@@ -8,7 +8,6 @@ Shared by every protocol's decode.py so messages read the same everywhere:
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from zllm.errors import InvalidRequest
@@ -26,6 +25,9 @@ _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
 
 _ARTICLES = {"integer": "an integer", "object": "an object", "array": "an array"}
 
+# every integer field is one of these at most (seeds, token counts): a bigger one would overflow where it lands
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def json_type_name(value: Any) -> str:
     if value is None:
@@ -37,26 +39,16 @@ def json_type_name(value: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
-def parse_json_object(raw: bytes) -> dict:
-    if not raw.strip():
-        raise InvalidRequest("the request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest(f"the request body must be a JSON object, got {json_type_name(body)}")
-    return body
-
-
 def check_type(value: Any, kind: Kind, param: str) -> Any:
     """`value` if it is a JSON `kind`; integral floats pass as integers (`100.0` from JS clients)."""
     if kind == "integer" and isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     numeric = kind in ("integer", "number")
     if not isinstance(value, _PYTHON_TYPES[kind]) or (numeric and isinstance(value, bool)):
         article = _ARTICLES.get(kind, f"a {kind}")
         raise InvalidRequest(f"`{param}` must be {article}, got {json_type_name(value)}", param=param)
+    if kind == "integer" and not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidRequest(f"`{param}` is out of range: integers must fit in 64 bits", param=param)
     return value
 
 

@@ -97,6 +97,8 @@ class SamplingParams:
             raise InvalidRequest("top_p must be in (0, 1]", param="top_p")
         if self.top_k < 0:
             raise InvalidRequest("top_k must be >= 0", param="top_k")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what a torch.Generator takes
+            raise InvalidRequest("seed must fit in 64 bits", param="seed")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
         if any(not s for s in self.stop):

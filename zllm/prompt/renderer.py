@@ -14,12 +14,14 @@ the caller passes one (`--dialect`). The request's reasoning switch is resolved 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from zllm.canonical import ChatRequest, Message
 from zllm.dialects import Conversation, Dialect
 from zllm.dialects.registry import DialectChoice, TokenizerFacts, choose_dialect
-from zllm.errors import ConfigError, InvalidRequest
+from zllm.errors import ConfigError, ContextLengthExceeded, InvalidRequest
 from zllm.prompt.cache_busters import drop_billing_headers
+from zllm.prompt.length_bound import LengthBound
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,30 @@ class PromptRenderer:
         """Whether this request's output opens with reasoning (the parser and the fence must agree with it)."""
         return self.dialect.wants_thinking(request.thinking)
 
-    def render(self, request: ChatRequest) -> RenderedPrompt:
+    def render(self, request: ChatRequest, *, window: int | None = None) -> RenderedPrompt:
+        """`window`: refuse (`ContextLengthExceeded`) a prompt that its length alone proves cannot leave room in
+        a window of that many tokens, before it is tokenized (see length_bound.py)."""
         messages, dropped = drop_billing_headers(request.messages)
         text = self._render_messages(request, messages)
+        if window is not None:
+            self._refuse_hopeless(text, window)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if self._bos_id is not None and ids[:1] != [self._bos_id]:
             ids = [self._bos_id, *ids]
         return RenderedPrompt(token_ids=tuple(ids), text=text, dropped=dropped)
+
+    @cached_property
+    def length_bound(self) -> LengthBound | None:
+        """Read off the vocabulary once (a 150K vocabulary takes ~0.1 s), on the first request that needs it."""
+        return LengthBound.of(self.tokenizer)
+
+    def _refuse_hopeless(self, text: str, window: int) -> None:
+        bound = self.length_bound
+        if bound is None:
+            return
+        at_least = bound.min_tokens(len(text))
+        if at_least >= window:  # the same rule as after tokenizing: the prompt must leave room for one token
+            raise ContextLengthExceeded(at_least, window, at_least=True)
 
     def render_text(self, request: ChatRequest) -> str:
         return self._render_messages(request, drop_billing_headers(request.messages)[0])

@@ -185,12 +185,17 @@ def _speculation_counts(active: ActiveRequest | None) -> dict[str, int]:
     return {"drafted_tokens": stats.drafted, "accepted_tokens": stats.accepted}
 
 
+ENGINE_FAILED_MESSAGE = "the engine failed while running the request (details are in the zllm daemon log)"
+OUT_OF_MEMORY_MESSAGE = "out of memory while running the request (details are in the zllm daemon log)"
+
+
 def error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:
     log.exception("request %s failed", request.request_id)
     code = exc.code if isinstance(exc, ZllmError) else EngineFailure.code
-    message = exc.message if isinstance(exc, ZllmError) else f"{type(exc).__name__}: {exc}"
+    # the client gets what happened, never the exception's text: that is for the log (above)
+    message = exc.message if isinstance(exc, ZllmError) else ENGINE_FAILED_MESSAGE
     if isinstance(exc, torch.OutOfMemoryError):
-        message = f"out of memory while running the request: {exc}"
+        message = OUT_OF_MEMORY_MESSAGE
         torch.cuda.empty_cache()
     usage = Usage(len(request.prompt_ids), completion_tokens, cached_tokens)
     return Finished(FinishReason.ERROR, usage, error_code=code, error_message=message)

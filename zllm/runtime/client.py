@@ -7,14 +7,18 @@
     # or, from an already loaded model: LocalEngineClient(load_model(path, ...), "smollm2", created)
 
 Prompt rendering runs in the default thread-pool executor (a 30K-token prompt takes tens of milliseconds to
-tokenize; the event loop must not stall on it); all torch work runs on the engine thread (engine_loop.py).
+tokenize; the event loop must not stall on it), big prompts at most `BIG_PROMPT_SLOTS` at once (each takes
+seconds and several times its size in memory); a prompt whose length proves it cannot fit the window is
+refused before it is tokenized (prompt/length_bound.py). All torch work runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard
 from zllm.config import Settings
@@ -49,6 +53,12 @@ from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
 from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
+
+_T = TypeVar("_T")
+
+# prompts of more text than this are rendered a few at a time: tokenizing 1M characters takes about a second
+BIG_PROMPT_CHARS = 1 << 20
+BIG_PROMPT_SLOTS = 2
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
@@ -107,6 +117,7 @@ class LocalEngineClient:
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
+        _ = self.renderer.length_bound  # read off the vocabulary now (~0.1 s), not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))
         self.stop_token_ids = model_stop_token_ids(
@@ -129,6 +140,7 @@ class LocalEngineClient:
                                  observer=observer, scheduler=scheduler, draft_model=draft_model,
                                  hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup))
         self.engine.start()
+        self._big_prompt_slots = asyncio.Semaphore(BIG_PROMPT_SLOTS)
 
     @classmethod
     def from_model_dir(
@@ -191,7 +203,7 @@ class LocalEngineClient:
     async def submit(self, request: ChatRequest) -> LocalRequestStream:
         self._check_model(request.model)
         self._check_queue()
-        prompt, fence, fingerprint = await asyncio.get_running_loop().run_in_executor(None, self._prepare, request)
+        prompt, fence, fingerprint = await self._off_loop(self._prepare, request)
         prompt_tokens = len(prompt.token_ids)
         room = self.context_length - prompt_tokens
         if room < 1:  # the prompt must leave room for at least one output token
@@ -260,7 +272,7 @@ class LocalEngineClient:
         """Render the prompt, compile the request's fence and fingerprint the prompt (off the event loop: each
         takes milliseconds). A grammar llguidance rejects (an unsupported schema) fails here, before anything
         streams."""
-        prompt = self.renderer.render(request)
+        prompt = self.renderer.render(request, window=self.context_length)
         spec = FenceSpec(tools=request.tools, choice=request.tool_choice, thinking=self.renderer.thinking(request),
                          response_schema=request.response_format.schema if request.response_format else None)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
@@ -268,7 +280,22 @@ class LocalEngineClient:
         return prompt, fence, fingerprint_request(request, prompt)
 
     async def _render(self, request: ChatRequest) -> RenderedPrompt:
-        return await asyncio.get_running_loop().run_in_executor(None, self.renderer.render, request)
+        return await self._off_loop(partial(self.renderer.render, window=self.context_length), request)
+
+    async def _off_loop(self, work: Callable[[ChatRequest], _T], request: ChatRequest) -> _T:
+        """`work(request)` in the default executor; a big prompt first waits for one of the big-prompt slots."""
+        loop = asyncio.get_running_loop()
+        if prompt_chars(request) <= BIG_PROMPT_CHARS:
+            return await loop.run_in_executor(None, work, request)
+        async with self._big_prompt_slots:
+            return await loop.run_in_executor(None, work, request)
+
+
+def prompt_chars(request: ChatRequest) -> int:
+    """About how much text the request's prompt holds (its messages' text and the tools' descriptions)."""
+    messages = sum(len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
+                   for m in request.messages)
+    return messages + sum(len(tool.description) for tool in request.tools)
 
 
 def fence_label(request: ChatRequest) -> str:

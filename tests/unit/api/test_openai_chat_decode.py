@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import parse_json_object
 from zllm.api.openai_chat.decode import decode_chat_request
 from zllm.canonical import (
     ChatRequest,
@@ -185,3 +185,18 @@ def test_output_options_become_canonical():
     assert request.response_format.schema == {"type": "object"} and request.thinking is True
     plain = decode(minimal(response_format={"type": "text"})).request
     assert plain.response_format is None and plain.thinking is None
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", 2**64), ("seed", 2**63), ("seed", -(2**63) - 1), ("max_tokens", 10**40), ("top_k", 2**63),
+    ("seed", 1e300),  # an integral float is an integer, and this one has 301 digits
+])
+def test_integers_beyond_64_bits_are_refused_by_name(field: str, value) -> None:
+    with pytest.raises(InvalidRequest, match="integers must fit in 64 bits") as caught:
+        decode(minimal(**{field: value}))
+    assert caught.value.param == field
+
+
+def test_the_64_bit_edges_are_accepted() -> None:
+    assert decode(minimal(seed=2**63 - 1)).request.sampling.seed == 2**63 - 1
+    assert decode(minimal(seed=-(2**63))).request.sampling.seed == -(2**63)

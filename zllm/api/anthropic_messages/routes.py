@@ -26,7 +26,7 @@ from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.sse import stream_sse
 
 MESSAGES_PATH = "/v1/messages"
@@ -35,7 +35,7 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 @uses_error_shape(anthropic_error_body)
 async def create_message(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     namespace = request_namespace(request)
     call = decode_messages_request(body, request_id=ids.request_id(), namespace=namespace)
     wants_diagnostics, previous_id = anthropic_previous_id(body)
@@ -58,7 +58,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 @uses_error_shape(anthropic_error_body)
 async def count_tokens(request: web.Request) -> web.Response:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     chat_request = decode_count_tokens_request(body, request_id=ids.request_id(),
                                                namespace=request_namespace(request))
     return web.json_response({"input_tokens": await engine_of(request).count_tokens(chat_request)})

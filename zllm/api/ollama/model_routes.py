@@ -16,7 +16,8 @@ from aiohttp import web
 
 from zllm.api.context import engine_of
 from zllm.api.errors import uses_error_shape
-from zllm.api.fields import parse_json_object, required
+from zllm.api.fields import required
+from zllm.api.json_body import read_json_object
 from zllm.api.ollama import wire
 from zllm.api.ollama.encode import ollama_error_body, timestamp
 from zllm.api.ollama.served import served_card
@@ -95,7 +96,7 @@ async def ps(request: web.Request) -> web.Response:
 
 @uses_error_shape(ollama_error_body)
 async def show(request: web.Request) -> web.Response:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     # "model" is the current field, "name" the old one some clients still send
     name = required(body, "model" if body.get("model") is not None else "name", "string")
     card = served_card(name, engine_of(request).models())

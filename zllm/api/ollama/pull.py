@@ -22,7 +22,8 @@ from aiohttp import web
 
 from zllm.api.context import engine_of
 from zllm.api.errors import describe_exception, uses_error_shape
-from zllm.api.fields import optional, parse_json_object, required
+from zllm.api.fields import optional, required
+from zllm.api.json_body import read_json_object
 from zllm.api.ollama.encode import ollama_error_body
 from zllm.api.ollama.model_routes import library_of
 from zllm.api.ollama.ndjson import NdjsonWriter
@@ -77,7 +78,7 @@ def _pull_failure(exc: Exception) -> tuple[dict, int]:
 
 @uses_error_shape(ollama_error_body)
 async def pull(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     source = required(body, "model" if body.get("model") is not None else "name", "string")
     stream = optional(body, "stream", "boolean")
     stream = True if stream is None else stream

@@ -16,7 +16,7 @@ from zllm.api.auth import request_namespace
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of
 from zllm.api.errors import uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.ollama import model_routes, pull
 from zllm.api.ollama.decode import OllamaCall, decode_chat, decode_generate
 from zllm.api.ollama.encode import (
@@ -36,7 +36,7 @@ from zllm.errors import ModelNotFound
 @uses_error_shape(ollama_error_body)
 async def chat(request: web.Request) -> web.StreamResponse:
     timings = Timings()
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     call = decode_chat(body, request_id=ids.request_id(), namespace=request_namespace(request))
     return await _answer(request, call, "chat", timings)
 
@@ -44,7 +44,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 @uses_error_shape(ollama_error_body)
 async def generate(request: web.Request) -> web.StreamResponse:
     timings = Timings()
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     call = decode_generate(body, request_id=ids.request_id(), namespace=request_namespace(request))
     return await _answer(request, call, "generate", timings)
 

@@ -15,7 +15,7 @@ from zllm.api.auth import request_namespace
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import openai_error_body, uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.openai_chat.decode import decode_chat_request
 from zllm.api.openai_chat.encode import ChatCompletionBuilder, ChatStreamEncoder
 from zllm.api.sse import stream_sse
@@ -25,7 +25,7 @@ PATH = "/v1/chat/completions"
 
 @uses_error_shape(openai_error_body)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     call = decode_chat_request(body, request_id=ids.request_id(), namespace=request_namespace(request))
     stream = await engine_of(request).submit(call.request)
     completion_id, created = ids.chat_completion_id(), int(time.time())

@@ -22,7 +22,7 @@ from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import diagnostics_of
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import read_json_object
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import (
     BackgroundStore,
@@ -46,7 +46,7 @@ PATH = "/v1/responses"
 
 @uses_error_shape(openai_error_body)
 async def create_response(request: web.Request) -> web.StreamResponse:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     namespace = request_namespace(request)
     chain = ResponseChain(store_of(request), seal=seal_of(request))
     turn = await begin_turn(body, engine=engine_of(request), chain=chain, namespace=namespace,
@@ -61,7 +61,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 @uses_error_shape(openai_error_body)
 async def compact_conversation(request: web.Request) -> web.Response:
-    body = parse_json_object(await request.read())
+    body = await read_json_object(request)
     chain = ResponseChain(store_of(request), seal=seal_of(request))
     return web.json_response(await compact(body, engine=engine_of(request), chain=chain,
                                            namespace=request_namespace(request)))

@@ -32,7 +32,7 @@ from zllm.api.errors import (
     openai_error_body,
     uses_error_shape,
 )
-from zllm.api.fields import parse_json_object
+from zllm.api.json_body import BODY_PARSING
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
 from zllm.api.openai_responses.context import in_flight_of, seal_of, store_of
@@ -80,7 +80,7 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     chain = ResponseChain(store_of(request), ConnectionResponses(), seal=seal_of(request))
     session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request),
-                               diagnostics=diagnostics_of(request))
+                               diagnostics=diagnostics_of(request), app=request.app)
     sessions.open.add(session)
     try:
         await session.run()
@@ -94,8 +94,10 @@ class WebSocketSession:
     mid-response is noticed at once (its request is aborted), not only at the next failed write."""
 
     def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str,
-                 in_flight: InFlightResponses, *, diagnostics: CacheDiagnostics | None = None):
+                 in_flight: InFlightResponses, *, app: web.Application,
+                 diagnostics: CacheDiagnostics | None = None):
         self.ws = ws
+        self.app = app  # whose parse slots a big frame waits for
         self.diagnostics = diagnostics  # prompt fingerprints for `prompt_cache_diagnostics`
         self.engine = engine
         self.chain = chain
@@ -143,7 +145,7 @@ class WebSocketSession:
 
     async def _create(self, text: str) -> None:
         try:
-            body = _create_body(parse_json_object(text.encode()))
+            body = _create_body(await self.app[BODY_PARSING].parse(text))
             turn = await begin_turn(body, engine=self.engine, chain=self.chain, namespace=self.namespace,
                                     diagnostics=self.diagnostics)
         except Exception as exc:  # the client's mistake (or ours): answer in-band, keep the socket
