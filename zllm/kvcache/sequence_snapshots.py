@@ -34,9 +34,8 @@ from pathlib import Path
 import xxhash
 
 from zllm.kvcache.row_index import RowTable
-from zllm.kvcache.ssd_format import SnapshotInvalid
-from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotRow, pack_tokens, token_sha256
-from zllm.kvcache.state import common_prefix_length
+from zllm.kvcache.ssd_index import SnapshotIndex, SnapshotInvalid, SnapshotRow, pack_tokens, token_sha256
+from zllm.kvcache.token_prefix import common_prefix_length
 
 log = logging.getLogger("zllm.kvcache")
 

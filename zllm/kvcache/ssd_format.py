@@ -27,15 +27,12 @@ from pathlib import Path
 
 import torch
 
+from zllm.kvcache.ssd_index import SnapshotInvalid
 from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name, slice_state
 
 FORMAT = "zllm-kv-1"
 MAX_HEADER_BYTES = 1 << 20  # 1 MiB: thousands of layers' entries; anything larger is not ours
 _ALIGN = 8
-
-
-class SnapshotInvalid(Exception):
-    """A snapshot file or index row failed validation (corrupt, truncated, forged or from another layout)."""
 
 
 @dataclass(frozen=True)
