@@ -43,8 +43,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batching import Stream, chat_ids, decode_window, long_prompt, story_prompts  # noqa: E402  (bench/batching.py)

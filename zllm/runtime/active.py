@@ -10,10 +10,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects import StreamParser
+from zllm.engine.contract import Logits
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, ZllmError
 from zllm.runtime.fence import Fence
@@ -88,7 +89,7 @@ class ActiveRequest:
     cache: object  # the engine's sequence (engine/contract.py): a DynamicCache, a llama.cpp sequence
     sampler: Sampler
     output: TurnOutput
-    logits: Any = None  # [vocab] (engine/contract.py's Logits), the distribution for the next token
+    logits: Logits | None = None  # [vocab], the distribution for the next token
     lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
     # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
     generated: list[int] = field(default_factory=list)

@@ -43,7 +43,10 @@ def frequencies(samples: list[int]) -> dict[int, float]:
 def test_returns_a_1x1_integer_array_of_the_logits_kind(config, kind) -> None:
     token = sampler_for(config, kind)(as_kind(torch.randn(VOCAB), kind))
     assert token.shape == (1, 1) and 0 <= int(token.item()) < VOCAB
-    assert (token.dtype == torch.long) if kind == "torch" else (isinstance(token, np.ndarray) and token.dtype == np.int64)
+    if kind == "torch":
+        assert token.dtype == torch.long
+    else:
+        assert isinstance(token, np.ndarray) and token.dtype == np.int64
 
 
 def test_temperature_zero_is_argmax(kind) -> None:
@@ -88,7 +91,8 @@ def test_same_seed_same_tokens_and_different_seed_differs(kind) -> None:
 
 def test_unseeded_samplers_are_not_all_identical(kind) -> None:
     logits = torch.zeros(VOCAB)
-    assert draw(SamplingConfig(temperature=1.0), logits, 10, kind) != draw(SamplingConfig(temperature=1.0), logits, 10, kind)
+    config = SamplingConfig(temperature=1.0)
+    assert draw(config, logits, 10, kind) != draw(config, logits, 10, kind)
 
 
 def test_seed_is_independent_of_the_global_rng() -> None:

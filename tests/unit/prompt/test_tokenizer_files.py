@@ -61,9 +61,9 @@ def test_the_renderer_gives_the_same_prompt_ids(pair) -> None:
     reference, files = pair
     if not reference.chat_template:
         pytest.skip("this tiny tokenizer has no chat template")
-    tool = FunctionTool("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}})
-    request = ChatRequest(id="r", model="m", messages=(Message("system", "Be brief."), Message("user", "Weather in Oslo?")),
-                          tools=(tool,))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    messages = (Message("system", "Be brief."), Message("user", "Weather in Oslo?"))
+    request = ChatRequest(id="r", model="m", messages=messages, tools=(FunctionTool("get_weather", "Weather", schema),))
     expected, got = PromptRenderer(reference).render(request), PromptRenderer(files).render(request)
     assert got.text == expected.text and got.token_ids == expected.token_ids
     assert PromptRenderer(files).token_starts(got.text) == PromptRenderer(reference).token_starts(expected.text)
