@@ -21,7 +21,7 @@ class LoadedModel:
     path: Path
     model: Any  # a transformers PreTrainedModel (None on llama.cpp, which holds the weights itself)
     tokenizer: Any  # a transformers tokenizer, or prompt/tokenizer_files.TokenizerFiles on llama.cpp
-    device: Any  # torch.device the logits live on ("cpu" on llama.cpp)
+    device: Any  # the torch.device the model runs on; "cpu" on llama.cpp (its engine.device says numpy logits)
     dtype: Any  # a torch.dtype, or the GGUF's quantization name
     # tokens that prompt + output must fit in (settings override, else the model's max_position_embeddings)
     context_length: int
