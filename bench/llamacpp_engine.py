@@ -17,7 +17,7 @@ Sides, interleaved per round (machine noise hits them alike), best of --repeats 
   (llama-bench's tg starts from an empty context; ~30 positions more changes nothing measurable);
   prefill tok/s = prompt_tokens / TTFT (submit -> first token event, max_tokens=1), one step (the scheduler's
   idle_prefill_chunk is 512).
-- zllm_step: the same llama.cpp context driven by `engine.step` in a bare Python loop (torch argmax, no engine
+- zllm_step: the same llama.cpp context driven by `engine.step` in a bare Python loop (argmax, no engine
   loop): splits the gap to llama-bench into the backend's step vs the engine loop around it.
 - llama_bench: `llama-bench -m GGUF -t T -p P -n N -r 1 -o json` (its own warm-up run first), one call per
   round; its samples_ts.
@@ -42,8 +42,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -122,11 +120,11 @@ def step_decode(engine, prompt: list[int], new_tokens: int) -> float:
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        token = int(torch.argmax(logits))
+        token = int(logits.argmax())  # numpy (llama.cpp) or torch
         start = time.perf_counter()
         for _ in range(new_tokens - 1):
             logits = engine.step([Row(seq, [token])])[0]
-            token = int(torch.argmax(logits))
+            token = int(logits.argmax())  # numpy (llama.cpp) or torch
         return (new_tokens - 1) / (time.perf_counter() - start)
     finally:
         engine.release(seq)

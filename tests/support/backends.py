@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.support.tiny_gguf import GGUF_RECIPE_VERSION, tiny_model_dir, tiny_torch_model, write_tiny_gguf
@@ -77,7 +78,8 @@ class scripted_steps:
         if self.calls >= len(self.token_ids):
             return outputs
         assert len(rows) == 1, "a scripted request runs alone"
-        forced = outputs[0].new_full(outputs[0].shape, -1e4)
+        row = outputs[0]  # numpy (llama.cpp) or a torch tensor
+        forced = np.full_like(row, -1e4) if isinstance(row, np.ndarray) else row.new_full(row.shape, -1e4)
         forced[..., self.token_ids[self.calls]] = 1e4
         self.calls += 1
         return [forced]

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tests.support.tiny_models import tiny_qwen_tokenizer
@@ -72,10 +73,11 @@ class ModelHooks:
 
 
 def force_rows(logits: torch.Tensor, targets: list[tuple[int, int]]) -> torch.Tensor:
-    """`logits` ([1, rows, vocab]) with each (row, token_id) of `targets` made certain to pick that token."""
+    """`logits` ([1, rows, vocab], numpy or torch) with each (row, token_id) of `targets` made certain to pick
+    that token."""
     if not targets:
         return logits
-    forced = logits.clone()
+    forced = logits.copy() if isinstance(logits, np.ndarray) else logits.clone()
     for row, token_id in targets:
         forced[0, row] = -1e4
         forced[0, row, token_id] = 1e4

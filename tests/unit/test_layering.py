@@ -94,3 +94,45 @@ def test_an_engine_library_is_imported_only_by_its_backend(library: str) -> None
 def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -> None:
     bad = [name for name in imported_names(ROOT / module) if violates(name, LIBRARY_FREE[module])]
     assert not bad, f"zllm/{module} imports {bad}"
+
+
+# torch and transformers at module level: only the torch backend and the torch tensors' prefix cache. Everything
+# the llama.cpp path loads imports them lazily, inside a torch-only function, or not at all
+# (tests/unit/engine/test_llamacpp_torch_free.py checks a real process).
+TORCH_HOMES = {"engine/loader.py", "engine/runner.py", "engine/packed.py", "engine/kv_layers.py",
+               "engine/torch_sampling.py", "runtime/draft_model.py", "kvcache/prefix_cache.py", "kvcache/pool.py",
+               "kvcache/state.py", "kvcache/ssd_format.py", "kvcache/ssd_tier.py", "kvcache/device_tier.py",
+               "kvcache/radix.py", "kvcache/ssd_maintenance.py"}
+SERVING_PACKAGES = ("engine", "runtime", "kvcache", "prompt", "dialects", "api", "canonical")
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """Imports a module runs when it is imported: its top level, `try` and `if` blocks (not `if TYPE_CHECKING`)."""
+    names: set[str] = set()
+    pending = list(ast.parse(path.read_text(), str(path)).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            pending.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body])
+    return names
+
+
+def test_only_the_torch_backend_imports_torch_at_module_level() -> None:
+    bad = [f"{path.relative_to(ROOT)} imports {name}"
+           for package in SERVING_PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+           if str(path.relative_to(ROOT)) not in TORCH_HOMES
+           for name in sorted(module_level_imports(path)) if violates(name, {"torch", "transformers"})]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_module_level_checker_skips_type_checking_and_functions(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+                      "def f():\n    import transformers\ntry:\n    import torch.nn\nexcept ImportError:\n    pass\n")
+    assert module_level_imports(module) == {"typing", "torch.nn"}

@@ -14,18 +14,26 @@ Backends: `torch` (engine/runner.py: transformers, a `DynamicCache` per sequence
 `llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
 unified KV pool). Only a backend imports its engine library.
 
-Logits are torch tensors on the engine's `device` ([vocab] float): the sampler, fences and the speculative
-verifier run on them, so sampling behaves the same whatever computed the logits.
+Logits are arrays of the backend's kind ([vocab] float): numpy in host memory for llama.cpp (`device` None),
+torch tensors on the model's device for torch. The sampler, fences, loop guard and speculative verifier take
+either (engine/sampler.py: one rule, numpy kernels and torch kernels for a GPU's logits), so the runtime never
+imports torch itself and sampling behaves the same whatever computed the logits.
+
+    with engine.engine_thread(threads): ...  what the engine thread runs under (torch: its per-thread
+                                             intra-op count and inference mode; llama.cpp: nothing)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 # A backend's own handle for one sequence (a DynamicCache; a llama.cpp sequence id wrapper). Opaque here.
 EngineSequence = Any
+# One row of logits ([vocab]) or several ([n, vocab]): a numpy array (llama.cpp) or a torch tensor (torch)
+Logits = Any
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,13 @@ class EngineFacts:
 
 class Engine(Protocol):
     backend: str
-    device: Any  # torch.device the logits live on
+    device: Any  # torch.device the logits live on; None: numpy arrays in host memory
+
+    def engine_thread(self, threads: int) -> AbstractContextManager: ...
 
     def open(self, lease: Any = None) -> EngineSequence: ...
 
-    def step(self, rows: Sequence[Row]) -> list[Any]: ...
+    def step(self, rows: Sequence[Row]) -> list[Logits]: ...
 
     def length(self, seq: EngineSequence) -> int: ...
 

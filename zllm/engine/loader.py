@@ -6,59 +6,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
+from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
 from zllm.errors import ConfigError
 
-# the GGUF a model directory holds (zllm/models/weights.py names the same file; engine/ cannot import models/)
-GGUF_FILE = "model.gguf"
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model ready for inference, with the facts the runtime needs about it."""
-
-    path: Path
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    device: torch.device
-    dtype: torch.dtype
-    # tokens that prompt + output must fit in (settings override, else the model's max_position_embeddings)
-    context_length: int
-    # torch intra-op threads the engine thread must use (0 = torch's default)
-    threads: int = 0
-    # the engine seam's backend that serves it (engine/contract.py), why, and the weights' quantization
-    backend: str = "torch"
-    backend_reason: str = "safetensors weights run on transformers"
-    # a backend built at load time (llama.cpp holds the weights itself; `model` is then None)
-    engine: Any = None
-    # transformers' config of the model (read from the GGUF for llama.cpp); None: model.config
-    model_config: Any = None
-    # the generation config's EOS id(s), when the model has one
-    generation_eos: Any = None
-
-    def __post_init__(self) -> None:
-        assert self.context_length > 0, "context_length is resolved at load time"
-
-    @property
-    def config(self):
-        return self.model_config if self.model_config is not None else self.model.config
-
-    @property
-    def text_config(self):
-        return self.config.get_text_config()
-
-    @property
-    def quantization(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -115,15 +72,3 @@ def load_model(
         threads=threads,
         backend_reason="safetensors weights run on transformers" if not gguf else "--backend torch (GGUF dequantized)",
     )
-
-
-def _context_length(model, override: int) -> int:
-    """`model`: a PreTrainedModel or its config."""
-    config = getattr(model, "config", model)
-    native = getattr(config.get_text_config(), "max_position_embeddings", None)
-    if override > 0:
-        # a longer window than the model was trained for is allowed (RoPE scaling users know what they do)
-        return override
-    if not native:
-        raise ConfigError("the model config has no max_position_embeddings", hint="set --context-length")
-    return int(native)

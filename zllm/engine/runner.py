@@ -12,12 +12,14 @@ entering it per step would cost a few microseconds per token for nothing).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from zllm.engine.contract import KeptState, Row
 from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
+from zllm.engine.loader import apply_threads
 from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
 
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
@@ -44,6 +46,15 @@ class ModelRunner:
     backend = "torch"
 
     # ------------------------------------------------------------------ the engine seam (contract.py)
+
+    @staticmethod
+    @contextmanager
+    def engine_thread(threads: int):
+        """torch's intra-op thread count is per OS thread, and every forward runs under inference mode (entered
+        once for the thread's life: per step it would cost microseconds per token for nothing)."""
+        apply_threads(threads)
+        with torch.inference_mode():
+            yield
 
     def open(self, lease=None) -> DynamicCache:
         """A sequence: empty, or a working cache over the lease's pooled buffers holding its restored prefix

@@ -1,22 +1,28 @@
 """Pick the next token from one row of logits: greedy, or temperature / top-k / top-p sampling.
 
-Vectorized over the vocabulary (no Python loops over it) and free of host syncs: the chosen token stays on
-the device as a `[1, 1]` tensor, ready to be the next decode input. Sampling uses the exponential-race
-form of the Gumbel-max trick (`argmax(p / E)`, `E ~ Exp(1)`), which draws from `p` without normalizing it
-and without `torch.multinomial`. A per-request `torch.Generator` makes a seeded request reproducible no
-matter what other requests run in between.
+Logits come as the engine hands them (engine/contract.py): numpy arrays in host memory (llama.cpp) or torch
+tensors on the model's device (torch). The rule is written once, as numpy (engine/host_sampling.py), and once
+more for torch tensors (engine/torch_sampling.py) so that a GPU's logits are sampled where they are, without
+a copy to the host per token; the torch file is imported only when torch logits arrive.
+
+Vectorized over the vocabulary (no Python loops over it): sampling uses the exponential-race form of the
+Gumbel-max trick (`argmax(p / E)`, `E ~ Exp(1)`), which draws from `p` without normalizing it and without a
+multinomial. A per-request random stream (numpy's PCG64, or a `torch.Generator` on the logits' device) makes
+a seeded request reproducible no matter what other requests run in between. Greedy picks are identical on
+both (the first maximal id); seeded draws are reproducible per backend, but the two streams differ, so one
+seed draws different tokens on llama.cpp and on torch (each from the same distribution).
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
-import torch
+import numpy as np
 
-# floor for the exponential draws: a draw of exactly 0 would turn a masked (0) probability into 0/0 = NaN,
-# which argmax would pick
-_MIN_EXPONENTIAL = 1e-20
+from zllm.engine import host_sampling
 
 
 @dataclass(frozen=True)
@@ -35,44 +41,36 @@ class SamplingConfig:
         return self.temperature == 0.0 or self.top_k == 1
 
 
-class Sampler:
-    """One request's sampler: its settings and its own random stream."""
+def kernels_for(array: Any) -> ModuleType:
+    """The sampling kernels for `array`'s kind: numpy's, or torch's (imported here, on first torch logits)."""
+    if isinstance(array, np.ndarray):
+        return host_sampling
+    from zllm.engine import torch_sampling
 
-    def __init__(self, config: SamplingConfig, device: torch.device | str = "cpu"):
+    return torch_sampling
+
+
+class Sampler:
+    """One request's sampler: its settings and its own random stream.
+
+    `device`: where the engine's logits live — a torch device (or its name) for torch tensors, None for numpy
+    arrays in host memory (engine.device says which)."""
+
+    def __init__(self, config: SamplingConfig, device: Any = "cpu"):
         self.config = config
-        self.generator: torch.Generator | None = None
+        self.generator: Any = None  # np.random.Generator or torch.Generator; None when greedy
         if not config.greedy:
             seed = config.seed if config.seed is not None else secrets.randbits(63)
-            self.generator = torch.Generator(device=device).manual_seed(seed)
+            if device is None:
+                self.generator = np.random.default_rng(seed)
+            else:
+                from zllm.engine import torch_sampling
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: [vocab] → the chosen token id as a [1, 1] long tensor on the same device."""
+                self.generator = torch_sampling.new_generator(seed, device)
+
+    def __call__(self, logits: Any) -> Any:
+        """logits: [vocab] → the chosen token id as a [1, 1] integer array of the same kind (and device)."""
+        kernels = kernels_for(logits)
         if self.generator is None:
-            return logits.argmax().view(1, 1)
-        return self._sample(logits).view(1, 1)
-
-    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
-        scaled = logits.float() / cfg.temperature  # [vocab]
-        candidate_ids = None  # None: candidates are the whole vocabulary, in id order
-        if 0 < cfg.top_k < scaled.shape[-1]:
-            scaled, candidate_ids = scaled.topk(cfg.top_k)  # [k], sorted descending
-        elif cfg.top_p < 1.0:
-            scaled, candidate_ids = scaled.sort(descending=True)  # [vocab]
-        probs = torch.softmax(scaled, dim=-1)
-        if cfg.top_p < 1.0:
-            probs = _top_p_mask(probs, cfg.top_p)
-        # E ~ Exp(1) as -log(U): the same draw, 5x cheaper than exponential_() on a CPU (0.8 vs 3.4 ms for
-        # a 152K vocabulary, which made sampling cost as much as a tiny model's forward pass)
-        draws = torch.empty_like(probs).uniform_(generator=self.generator).log_().neg_().clamp_min_(_MIN_EXPONENTIAL)
-        choice = (probs / draws).argmax()
-        return choice if candidate_ids is None else candidate_ids[choice]
-
-
-def _top_p_mask(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token after the smallest prefix (of the descending order) whose mass reaches `top_p`.
-
-    A token is kept while the mass *before* it is below top_p, so the most likely token always survives.
-    """
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    return sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+            return kernels.greedy(logits)
+        return kernels.sample(logits, self.config, self.generator)

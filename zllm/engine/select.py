@@ -4,7 +4,8 @@
     torch     transformers (a GGUF is dequantized as it loads: float32 on CPU, ~5x its file size)
     llamacpp  llama.cpp (GGUF only)
 
-Each backend is imported only when chosen: a torch-only install never loads llama_cpp.
+Each backend is imported only when chosen: a torch-only install never loads llama_cpp, and serving a GGUF on
+llama.cpp never loads torch or transformers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from zllm.engine.loader import GGUF_FILE, LoadedModel, load_model
+from zllm.engine.loaded import GGUF_FILE, LoadedModel
 from zllm.errors import ConfigError
 
 BACKENDS = ("auto", "torch", "llamacpp")
@@ -46,6 +47,8 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
 
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason)
+    from zllm.engine.loader import load_model
+
     loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)
     from dataclasses import replace
 

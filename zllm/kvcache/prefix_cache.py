@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 
+from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
 from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.pool import BufferPool
@@ -37,23 +37,6 @@ from zllm.kvcache.state import KVLayout, KVState, clone_state, copy_into, slice_
 from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
 
 log = logging.getLogger("zllm.kvcache")
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    device_budget_bytes: int
-    rounds: int = 4  # newest rounds of a conversation kept resident; 0 = keep nothing
-    ssd_dir: Path | None = None  # None = no SSD tier
-    ssd_budget_bytes: int = 10 << 30
-    ssd_min_tokens: int = 256  # shorter sequences are not worth a file
-    decode_reserve_tokens: int = 4096  # decode growth reserved per request (beyond it, buffers grow)
-    near_miss_min_tokens: int = 1024
-    near_miss_fraction: float = 0.9
-    model: str = ""  # model identity, recorded with SSD snapshots (prune by model)
-
-    def __post_init__(self) -> None:
-        assert self.device_budget_bytes >= 0 and self.rounds >= 0 and self.ssd_budget_bytes >= 0
-        assert self.ssd_min_tokens >= 1 and self.decode_reserve_tokens >= 1 and 0 < self.near_miss_fraction <= 1
 
 
 @dataclass(eq=False)
@@ -141,11 +124,15 @@ class PrefixCache(CacheTiers):
 
     def read_ssd(self, lease: Lease) -> int:
         """The disk part of a deferred SSD restore (any thread: it fills only this lease's working buffers);
-        returns the bytes read. Raises SnapshotInvalid (the snapshot quarantined) when a blob is bad."""
+        returns the bytes read. Raises SnapshotInvalid (the snapshot quarantined) when a blob is bad.
+
+        Under inference mode: the working buffers were made under it, and only inference mode may update them
+        in place (the restore thread is not the engine thread, which runs in it for its whole life)."""
         match = lease.pending
         assert match is not None, "nothing to read"
         started = time.perf_counter()
-        nbytes = self.store.restore(match, lease.working, self.pool, skip=lease.cached_tokens)
+        with torch.inference_mode():
+            nbytes = self.store.restore(match, lease.working, self.pool, skip=lease.cached_tokens)
         lease.restore_s = time.perf_counter() - started
         return nbytes
 

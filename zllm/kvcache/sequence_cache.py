@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.near_miss import NearMiss
-from zllm.kvcache.prefix_cache import CacheConfig
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
-from zllm.kvcache.ssd_format import SnapshotInvalid
-from zllm.kvcache.ssd_index import unpack_tokens
-from zllm.kvcache.state import common_prefix_length
+from zllm.kvcache.ssd_index import SnapshotInvalid, unpack_tokens
 from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
+from zllm.kvcache.token_prefix import common_prefix_length
 
 log = logging.getLogger("zllm.kvcache")
 

@@ -34,9 +34,8 @@ import xxhash
 
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
-from zllm.kvcache.ssd_format import SnapshotInvalid
-from zllm.kvcache.ssd_index import SnapshotRow, open_index, pack_tokens, token_sha256
-from zllm.kvcache.state import common_prefix_length
+from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
+from zllm.kvcache.token_prefix import common_prefix_length
 from zllm.private_files import private_dir
 
 log = logging.getLogger("zllm.kvcache")

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import xxhash
 
+from zllm.kvcache.ssd_index import SnapshotInvalid
 from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name
 
 FORMAT = "zllm-kv-2"
@@ -46,10 +47,6 @@ PIECE_BYTES = 1 << 19  # a restore reads, checks and copies this much at a time:
 MAX_CHECKSUMS = 1 << 15  # per blob (16 hex digits each: half the header cap); longer blobs get longer chunks
 _DIGITS = 16
 _ALIGN = 8
-
-
-class SnapshotInvalid(Exception):
-    """A snapshot file or index row failed validation (corrupt, truncated, forged or from another layout)."""
 
 
 @dataclass(frozen=True)

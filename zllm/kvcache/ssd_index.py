@@ -45,6 +45,10 @@ _COLUMNS = "id, namespace, model, parent, parent_len, tokens, generation, bytes,
            "created, last_used, hits"
 
 
+class SnapshotInvalid(Exception):
+    """A snapshot file or index row failed validation (corrupt, truncated, forged or from another layout)."""
+
+
 def pack_tokens(tokens: tuple[int, ...] | list[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 

@@ -14,10 +14,12 @@ that keeps a large storage alive counts the whole storage (which is why spans ke
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+
+from zllm.kvcache.token_prefix import common_prefix_length  # noqa: F401 (re-exported)
 
 SEQ_AXIS = -2
 LayerKV = tuple[torch.Tensor, ...]
@@ -140,18 +142,3 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 def state_tensors(state: KVState) -> list[torch.Tensor]:
     return [t for layer in state for t in layer]
-
-
-def common_prefix_length(a: Sequence[int] | bytes, b: Sequence[int] | bytes) -> int:
-    """Length of the longest common prefix; slice compares run in C, so this is O(n log n) memcmp, not a loop."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
+from typing import TYPE_CHECKING
 
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
+if TYPE_CHECKING:  # the llama.cpp cache writes through this thread too, without torch
+    from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
 
 log = logging.getLogger("zllm.kvcache")
 
@@ -55,9 +58,8 @@ class SnapshotWriter:
             self._thread.join(timeout)
 
     def _main(self) -> None:
-        import torch
-
-        if self._threads > 0:
+        torch = sys.modules.get("torch")  # only a torch cache serializes tensors; never import torch for it
+        if self._threads > 0 and torch is not None:
             torch.set_num_threads(self._threads)  # serializing tensors must not compete with the engine's cores
         while (job := self._queue.get()) is not _STOP:
             try:

@@ -5,23 +5,26 @@ the plain-data reports and log lines made from them."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects import StreamParser
+from zllm.engine.contract import Logits
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, ZllmError
-from zllm.kvcache import Lease
 from zllm.runtime.fence import Fence
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.report import RequestReport
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep
 from zllm.runtime.turn_output import TurnOutput
+
+if TYPE_CHECKING:
+    from zllm.kvcache.prefix_cache import Lease
 
 log = logging.getLogger("zllm.runtime")
 
@@ -86,7 +89,7 @@ class ActiveRequest:
     cache: object  # the engine's sequence (engine/contract.py): a DynamicCache, a llama.cpp sequence
     sampler: Sampler
     output: TurnOutput
-    logits: torch.Tensor | None = None  # [vocab], the distribution for the next token
+    logits: Logits | None = None  # [vocab], the distribution for the next token
     lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
     # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
     generated: list[int] = field(default_factory=list)
@@ -194,7 +197,8 @@ def error_finished(request: EngineRequest, exc: Exception, completion_tokens: in
     code = exc.code if isinstance(exc, ZllmError) else EngineFailure.code
     # the client gets what happened, never the exception's text: that is for the log (above)
     message = exc.message if isinstance(exc, ZllmError) else ENGINE_FAILED_MESSAGE
-    if isinstance(exc, torch.OutOfMemoryError):
+    torch = sys.modules.get("torch")  # a torch OOM can only come from a process that imported torch
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         message = OUT_OF_MEMORY_MESSAGE
         torch.cuda.empty_cache()
     usage = Usage(len(request.prompt_ids), completion_tokens, cached_tokens)

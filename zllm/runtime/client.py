@@ -18,19 +18,18 @@ import asyncio
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard
 from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
-from zllm.engine.loader import LoadedModel
-from zllm.engine.runner import ModelRunner
+from zllm.engine.loaded import LoadedModel
 from zllm.engine.sampler import SamplingConfig
 from zllm.engine.select import load_for_backend
 from zllm.errors import ConfigError, ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
-from zllm.kvcache import CacheConfig, PrefixCache
+from zllm.kvcache import CacheConfig
 from zllm.prompt import (
     PromptRenderer,
     RenderedPrompt,
@@ -40,7 +39,6 @@ from zllm.prompt import (
 from zllm.prompt.cache_busters import describe_busters, reported_busters
 from zllm.prompt.fingerprint import fingerprint_request
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
-from zllm.runtime.draft_model import DraftModel, load_draft_model
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
@@ -59,6 +57,10 @@ _T = TypeVar("_T")
 # prompts of more text than this are rendered a few at a time: tokenizing 1M characters takes about a second
 BIG_PROMPT_CHARS = 1 << 20
 BIG_PROMPT_SLOTS = 2
+
+if TYPE_CHECKING:  # torch's: imported where the torch backend needs them, never on the llama.cpp path
+    from zllm.kvcache import PrefixCache
+    from zllm.runtime.draft_model import DraftModel
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
@@ -131,7 +133,7 @@ class LocalEngineClient:
             raise ConfigError("--draft-model runs on the torch backend only",
                               hint="use --speculative (prompt lookup) on llama.cpp, or --backend torch")
         # the engine seam (engine/contract.py): llama.cpp built at load, or torch over the loaded model
-        runner = loaded.engine if loaded.engine is not None else ModelRunner(loaded.model)
+        runner = loaded.engine if loaded.engine is not None else _torch_runner(loaded)
         self.prefix_cache: PrefixCache | None = (
             build_prefix_cache(loaded, runner, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
             if prefix_cache else None)
@@ -163,6 +165,8 @@ class LocalEngineClient:
                                   cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch)
         draft = None
         if settings.draft_model:
+            from zllm.runtime.draft_model import load_draft_model
+
             draft = load_draft_model(Path(settings.draft_model), loaded.tokenizer, device=str(loaded.device),
                                      dtype=settings.dtype, threads=settings.threads)
         return cls(
@@ -308,3 +312,9 @@ def fence_label(request: ChatRequest) -> str:
 def _sampling_config(request: ChatRequest) -> SamplingConfig:
     params = request.sampling
     return SamplingConfig(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+
+
+def _torch_runner(loaded: LoadedModel):
+    from zllm.engine.runner import ModelRunner
+
+    return ModelRunner(loaded.model)

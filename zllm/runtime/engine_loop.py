@@ -1,4 +1,4 @@
-"""The engine-owner thread: the one thread that touches the model, its KV caches and every torch tensor.
+"""The engine-owner thread: the one thread that touches the model, its KV caches and every logits array.
 
     asyncio side (client.py)                    engine thread (this file)
     ─────────────────────────                   ─────────────────────────
@@ -33,18 +33,15 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-
-import torch
+from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
-from zllm.engine.contract import Engine, Row
-from zllm.engine.loader import apply_threads
+from zllm.engine.contract import Engine, Logits, Row
 from zllm.engine.sampler import Sampler
 from zllm.errors import Overloaded
-from zllm.kvcache import PrefixCache, request_namespace
+from zllm.kvcache import request_namespace
 from zllm.runtime.active import ActiveRequest, EngineRequest, error_finished, log_finished, request_report
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
-from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.report import RequestReport
@@ -54,7 +51,11 @@ from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
-__all__ = ["EngineLoop", "EngineRequest", "ActiveRequest"]
+if TYPE_CHECKING:  # both import torch; the llama.cpp path never needs them
+    from zllm.kvcache import PrefixCache
+    from zllm.runtime.draft_model import DraftModel
+
+__all__ = ["ActiveRequest", "EngineLoop", "EngineRequest"]
 
 log = logging.getLogger("zllm.runtime")
 
@@ -63,7 +64,7 @@ _WAKE = object()  # a restore finished: look at the restores again
 
 # what a row hands the step: its tokens for the shared forward and what to do with its logits afterwards
 # (the callback returns Finished when the row ended)
-Work = tuple[Row, Callable[[torch.Tensor], Finished | None]]
+Work = tuple[Row, Callable[[Logits], Finished | None]]
 
 
 class EngineLoop:
@@ -146,9 +147,8 @@ class EngineLoop:
     # ------------------------------------------------------------------ engine thread: the loop
 
     def _main(self) -> None:
-        apply_threads(self._threads)  # torch's thread count is per OS thread
         try:
-            with torch.inference_mode():
+            with self.engine.engine_thread(self._threads):  # torch: its per-thread count, inference mode
                 while self._receive():
                     self._join_restored()
                     self._admit_waiting()
@@ -204,7 +204,7 @@ class EngineLoop:
                 if lease.diagnose is not None:
                     self._restores.diagnose(partial(self.prefix_cache.diagnose, lease))
                 if lease.pending is not None:
-                    self._restores.start(request, lease, partial(_under_inference_mode, self.prefix_cache.read_ssd))
+                    self._restores.start(request, lease, self.prefix_cache.read_ssd)
                     return
             self._begin(request, lease, time.perf_counter())
         except Exception as exc:
@@ -298,17 +298,17 @@ class EngineLoop:
         if request.loop_guard is not None:
             request.loop_guard.ban(active.logits, request.fence)  # the token that would continue a loop
         # within the fence: grammar-invalid tokens are never chosen (masked only when the first draw strays)
-        token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] on the device
+        token = sample_fenced(active.sampler, active.logits, request.fence)  # [1, 1] of the logits' kind
         token_id = token.item()  # the one host sync per token
         if (finished := self._emit(active, token_id)) is not None:
             return finished
         return Row(active.cache, [token_id]), partial(self._decoded, active)
 
     @staticmethod
-    def _decoded(active: ActiveRequest, logits: torch.Tensor) -> None:
+    def _decoded(active: ActiveRequest, logits: Logits) -> None:
         active.logits = logits
 
-    def _verified(self, active: ActiveRequest, plan: DraftPlan, rows: torch.Tensor) -> Finished | None:
+    def _verified(self, active: ActiveRequest, plan: DraftPlan, rows: Logits) -> Finished | None:
         return self._emit_run(active, active.speculative.resolve(plan, rows, active.cache))
 
     def _emit_run(self, active: ActiveRequest, run: SpeculativeRun) -> Finished | None:
@@ -334,7 +334,7 @@ class EngineLoop:
         chunk = active.request.prompt_ids[held:held + tokens]
         return Row(active.cache, chunk), partial(self._prefilled, active)
 
-    def _prefilled(self, active: ActiveRequest, logits: torch.Tensor) -> None:
+    def _prefilled(self, active: ActiveRequest, logits: Logits) -> None:
         if self._prompt_left(active) > 0:
             return
         active.logits = logits
@@ -452,10 +452,3 @@ class EngineLoop:
             hidden_ids=self._hidden_ids,
         )
         return TurnOutput(text_stage, request.parser or PlainTextParser())
-
-
-def _under_inference_mode(read: Callable, lease):
-    """A read on the restore thread writes into working buffers made under inference mode, which only
-    inference mode may update in place."""
-    with torch.inference_mode():
-        return read(lease)

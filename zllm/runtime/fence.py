@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import llguidance
 import numpy as np
-import torch
 
 from zllm.dialects.base import Dialect, FenceGrammar, MarkupTokens
 from zllm.engine.sampler import Sampler
@@ -119,32 +118,31 @@ class Fence:
     def __init__(self, matcher: llguidance.LLMatcher, vocab: FenceVocab):
         self._matcher = matcher
         self._vocab = vocab
-        self._words = torch.empty(vocab.mask_words, dtype=torch.int32)  # [mask_words], llguidance layout
-        self._words_np = self._words.numpy()  # same memory
+        self._words = np.empty(vocab.mask_words, dtype=np.int32)  # [mask_words], llguidance layout
         self._fresh = False  # whether _words describes the current state
 
     # ------------------------------------------------------------------ masking
 
-    def apply(self, logits: torch.Tensor) -> None:
-        """logits: [vocab] (any device); tokens the grammar forbids here become -inf, in place."""
+    def apply(self, logits) -> None:
+        """logits: [vocab] (numpy, or torch on any device); tokens the grammar forbids here become -inf, in place."""
         mask_logits(logits, self.mask())
 
-    def mask(self) -> torch.Tensor:
-        """The current state's bitmask, [mask_words] int32 on CPU (valid until the state moves)."""
+    def mask(self) -> np.ndarray:
+        """The current state's bitmask, [mask_words] int32 (valid until the state moves)."""
         if not self._fresh:
             self._compute_mask()
             self._fresh = True
         return self._words
 
     def allowed(self, token_id: int) -> bool:
-        return bit_is_set(self.mask().numpy(), token_id)
+        return bit_is_set(self.mask(), token_id)
 
     def allowed_count(self) -> int:
-        return count_set(self.mask().numpy())
+        return count_set(self.mask())
 
     def allows_other_than(self, token_id: int) -> bool:
         """Whether banning `token_id` still leaves something to sample (the loop guard asks before banning)."""
-        return any_set_except(self.mask().numpy(), token_id)
+        return any_set_except(self.mask(), token_id)
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces from here regardless of the model (may be empty): a runtime may feed
@@ -172,7 +170,7 @@ class Fence:
     def clone(self) -> Fence:
         twin = Fence(self._matcher.deep_copy(), self._vocab)
         if self._fresh:
-            twin._words.copy_(self._words)
+            twin._words[:] = self._words
             twin._fresh = True
         return twin
 
@@ -186,33 +184,33 @@ class Fence:
 
     # ------------------------------------------------------------------ speculative decoding
 
-    def draft_masks(self, draft: Sequence[int]) -> torch.Tensor:
+    def draft_masks(self, draft: Sequence[int]) -> np.ndarray:
         """The mask before each draft token and after the last, on a probe (this fence does not move).
 
         Returns `[j + 1, mask_words]` int32 where j is how many leading draft tokens the grammar allows:
         row i masks the target logits at draft position i. A draft token past j is grammar-invalid, so the
         verifier rejects it (and everything after it) without looking at its logits."""
         probe = self.clone()
-        rows = [probe.mask().clone()]
+        rows = [probe.mask().copy()]
         for token_id in draft:
             if not probe.allowed(token_id):
                 break
             probe.advance(token_id)
-            rows.append(probe.mask().clone())
-        return torch.stack(rows)
+            rows.append(probe.mask().copy())
+        return np.stack(rows)
 
     # ------------------------------------------------------------------ internals
 
     def _compute_mask(self) -> None:
         # llguidance writes the mask straight into our buffer, the GIL released meanwhile
-        self._matcher.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
+        self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self._matcher.is_error():  # e.g. a lexer/parser limit hit on a pathological schema
             raise FenceViolation(f"the fence failed: {self._matcher.get_error()}")
         # padded embedding rows and ids a grammar could name but the logits lack never pass
-        np.bitwise_and(self._words_np, self._vocab.valid_words, out=self._words_np)
+        np.bitwise_and(self._words, self._vocab.valid_words, out=self._words)
 
 
-def sample_fenced(sampler: Sampler, logits: torch.Tensor, fence: Fence | None) -> torch.Tensor:
+def sample_fenced(sampler: Sampler, logits, fence: Fence | None):
     """Sample one token within the fence. logits: [vocab] (the loop guard's ban already applied) → [1, 1].
 
     Greedy and plain-temperature sampling sample first and keep the token when the fence allows it, so the
@@ -231,17 +229,10 @@ def sample_fenced(sampler: Sampler, logits: torch.Tensor, fence: Fence | None) -
     return sampler(logits)
 
 
-def mask_rows(logits: torch.Tensor, fences: Sequence[Fence | None]) -> None:
-    """Batched apply. logits: [batch, vocab]; a row whose fence is None is left as is."""
-    assert logits.dim() == 2 and logits.shape[0] == len(fences), "one fence (or None) per row"
-    rows = [row for row, fence in enumerate(fences) if fence is not None]
-    if not rows:
-        return
-    words = torch.stack([fences[row].mask() for row in rows])  # [fenced rows, mask_words]
-    if len(rows) == len(fences):
-        mask_logits(logits, words)
-        return
-    index = torch.tensor(rows, device=logits.device)
-    fenced = logits.index_select(0, index)  # [fenced rows, vocab]
-    mask_logits(fenced, words)
-    logits.index_copy_(0, index, fenced)
+def mask_rows(logits, fences: Sequence[Fence | None]) -> None:
+    """Batched apply. logits: [batch, vocab] (each row masked in place as a view); a row whose fence is None is
+    left as is."""
+    assert logits.ndim == 2 and logits.shape[0] == len(fences), "one fence (or None) per row"
+    for row, fence in enumerate(fences):
+        if fence is not None:
+            mask_logits(logits[row], fence.mask())

@@ -5,34 +5,44 @@ Layout: one int32 word per 32 token ids; token `t` is allowed ⇔ bit `t % 32` o
 
     words:  [..., mask_words] int32 (CPU)      logits: [..., vocab] float (any device)
 
-On CPU a float32 row is masked through numpy: where most tokens are allowed (inside a JSON string), unpack
-the inverted bytes and `copyto(where=)` -inf; where few are (structure, markup), gather the allowed logits,
-fill the row with -inf and put them back. Measured ~2x faster than torch ops and ~1.5x faster than
-llguidance.torch's compiled kernel (which also needs ~10 s of torch.compile warm-up). Other devices and
-dtypes unpack with shifts on the logits' device.
+Host float32 logits (numpy from llama.cpp, or a CPU torch tensor viewed as numpy without a copy) are masked
+through numpy: where most tokens are allowed (inside a JSON string), unpack the inverted bytes and
+`copyto(where=)` -inf; where few are (structure, markup), gather the allowed logits, fill the row with -inf
+and put them back. Measured ~2x faster than torch ops and ~1.5x faster than llguidance.torch's compiled kernel
+(which also needs ~10 s of torch.compile warm-up). Torch tensors on other devices or dtypes unpack with shifts
+on the logits' device (engine/torch_sampling.py, imported only for them).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import Any
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
+import numpy as np
+
 _BIT_OFFSETS = np.arange(32)
 # below 1 nonzero word in this many, keeping the allowed logits beats masking the disallowed ones
 _SPARSE_RATIO = 8
 
 
-def mask_logits(logits: torch.Tensor, words: torch.Tensor) -> None:
-    """Set `logits[..., t] = -inf` for every token t whose bit is clear in `words` (ids past the mask too)."""
+def mask_logits(logits: Any, words: np.ndarray) -> None:
+    """Set `logits[..., t] = -inf` for every token t whose bit is clear in `words` (ids past the mask too).
+
+    logits: [..., vocab] numpy array or torch tensor; words: [..., mask_words] int32 numpy (llguidance's)."""
     vocab = logits.shape[-1]
     covered = min(vocab, words.shape[-1] * 32)
     if covered < vocab:  # logits wider than the tokenizer llguidance saw: those ids never exist
         logits[..., covered:] = float("-inf")
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
-        _mask_cpu(logits.numpy(), words.numpy(), covered)
+    host = logits if isinstance(logits, np.ndarray) else _torch().host_view(logits)
+    if host is not None:
+        _mask_cpu(host, words, covered)
     else:
-        _mask_torch(logits, words, covered)
+        _torch().mask_logits(logits, words, covered)
+
+
+def _torch():
+    from zllm.engine import torch_sampling
+
+    return torch_sampling
 
 
 def _mask_cpu(logits: np.ndarray, words: np.ndarray, covered: int) -> None:
@@ -55,17 +65,6 @@ def _mask_sparse(row: np.ndarray, words: np.ndarray, nonzero_words: np.ndarray) 
     kept = row[allowed]
     row.fill(-np.inf)
     row[allowed] = kept
-
-
-def _mask_torch(logits: torch.Tensor, words: torch.Tensor, covered: int) -> None:
-    device = logits.device
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        shifts = _SHIFTS.setdefault(device, torch.arange(32, dtype=torch.int32, device=device))
-    on_device = words.to(device, non_blocking=True)  # [..., mask_words]
-    bits = (on_device.unsqueeze(-1) >> shifts) & 1  # [..., mask_words, 32]
-    allowed = bits.flatten(-2)[..., :covered]  # [..., covered]
-    logits[..., :covered].masked_fill_(allowed == 0, float("-inf"))
 
 
 def bit_is_set(words: np.ndarray, token_id: int) -> bool:

@@ -19,13 +19,13 @@ Logits can be wider than the tokenizer (padded embedding rows: Qwen's 151936 log
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.hf
 import numpy as np
 
 from zllm.dialects.base import Dialect, FenceGrammar, MarkupTokens
@@ -64,7 +64,7 @@ class FenceVocab:
             raise ConfigError(f"stop token ids {outside} are outside the vocabulary ({n_vocab} ids)")
         eos = sorted(stop_token_ids) or tokenizer.eos_token_id
         try:
-            ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
+            ll_tokenizer = llguidance.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=n_vocab, eos_token=eos)
         except ValueError as exc:
             raise ConfigError(f"llguidance cannot use this tokenizer: {exc}") from exc
         added = tokenizer.get_added_vocab()
@@ -150,6 +150,19 @@ class FenceVocab:
         if any(self.ll_tokenizer.is_special_token(token) for token in tokens):
             return False
         return self.ll_tokenizer.decode_bytes(tokens) == text.encode()
+
+
+def _tokenizer_json(tokenizer) -> str:
+    """The Rust tokenizer serialized for llguidance, with its added tokens, padding and truncation off — what
+    `llguidance.hf.from_tokenizer` hands it, without that module's import of transformers (which imports torch:
+    the llama.cpp path serves on `tokenizers` alone, prompt/tokenizer_files.py)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is None and backend.truncation is None:  # the usual case: no clone (~20 MB at 49K tokens)
+        return backend.to_str()
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend.to_str()
 
 
 def _token_ids(tokenizer) -> list[int]:

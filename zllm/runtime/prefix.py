@@ -15,23 +15,17 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import DynamicCache
-
-from zllm.engine.kv_layers import supports_working_buffers, working_cache
-from zllm.engine.loader import LoadedModel
-from zllm.engine.runner import ModelRunner
-from zllm.kvcache import (
-    CacheConfig,
-    KVLayout,
-    Lease,
-    PrefixCache,
-    model_key,
-    template_hash,
-    weights_identity,
-)
+from zllm.engine.loaded import LoadedModel
+from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
 from zllm.kvcache.sequence_cache import SequencePrefixCache
+
+if TYPE_CHECKING:  # the torch backend's; imported in the functions that serve it (the llama.cpp path never does)
+    from transformers import DynamicCache
+
+    from zllm.engine.runner import ModelRunner
+    from zllm.kvcache import Lease, PrefixCache
 from zllm.runtime.detokenizer import raw_decoder
 
 log = logging.getLogger("zllm.runtime")
@@ -66,8 +60,11 @@ def cache_config_from_settings(settings, loaded: LoadedModel, model: str) -> Cac
     )
 
 
-def default_device_budget(device: torch.device) -> int:
+def default_device_budget(device) -> int:
+    """`device`: the torch device of the model (a torch backend's only; llama.cpp sizes its own pool)."""
     if device.type == "cuda":
+        import torch
+
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * GPU_FREE_FRACTION)
     try:
@@ -87,6 +84,11 @@ def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheCo
     """The model's prefix cache, or None when its KV is not plain full-attention per-layer tensors."""
     if loaded.engine is not None:
         return build_sequence_cache(loaded, config, max_batch)
+    import torch
+
+    from zllm.engine.kv_layers import supports_working_buffers
+    from zllm.kvcache import KVLayout, PrefixCache
+
     if not supports_working_buffers(runner.config):
         log.warning("prefix cache off: %s has sliding-window/linear-attention/shared KV layers",
                     type(loaded.model).__name__)
@@ -120,4 +122,6 @@ def build_sequence_cache(loaded: LoadedModel, config: CacheConfig | None, max_ba
 
 def working_cache_for(runner: ModelRunner, lease: Lease) -> DynamicCache:
     """A cache over the lease's pooled buffers holding its restored prefix; prefill and decode append in place."""
+    from zllm.engine.kv_layers import working_cache
+
     return working_cache(runner.config, lease.working, lease.cached_tokens)

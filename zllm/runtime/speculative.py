@@ -30,14 +30,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-import torch
-from transformers import DynamicCache
 
-from zllm.engine.contract import Engine, Row
-from zllm.engine.kv_layers import croppable
+from zllm.engine.contract import Engine, Logits, Row
 from zllm.engine.sampler import Sampler
 from zllm.engine.verify import greedy_accepts, sample_from, sampled_accepts
 from zllm.runtime.fence import Fence, sample_fenced
@@ -145,7 +142,7 @@ class SpeculativeRun:
     tokens: list[int]  # to emit in order: the step's sampled token, then the accepted draft
     # logits for the token after the last one ([vocab]); None when no forward ran (the first token ends the
     # request: a stop token, or the last token of the budget), so the cache holds all tokens but the last
-    logits: torch.Tensor | None
+    logits: Logits | None
 
 
 @dataclass
@@ -154,7 +151,7 @@ class DraftPlan:
 
     first_id: int
     draft: list[int]
-    masks: torch.Tensor | None  # the fence's mask at each draft position ([len(draft), words]), None: no fence
+    masks: np.ndarray | None  # the fence's mask at each draft position ([len(draft), words]), None: no fence
 
     @property
     def feed(self) -> list[int]:
@@ -176,7 +173,7 @@ class SpeculativeStep:
     # drafts from a draft model (runtime/draft_model.py) instead of prompt lookup; same interface
     drafter: Drafter | None = None
     lookup: Drafter = field(init=False)
-    _residual: torch.Tensor | None = field(init=False, default=None)
+    _residual: Logits | None = field(init=False, default=None)
     _backoff: int = field(init=False, default=0)  # plain steps the last failed draft costs (doubles per failure)
     _skip: int = field(init=False, default=0)  # plain steps left before drafting again
 
@@ -184,7 +181,7 @@ class SpeculativeStep:
         self.lookup = self.drafter if self.drafter is not None else PromptLookup(
             self.prompt_ids, max_ngram=self.config.max_ngram, min_ngram=self.config.min_ngram)
 
-    def step(self, logits: torch.Tensor, cache: DynamicCache, *, remaining: int, fence: Fence | None = None,
+    def step(self, logits: Logits, cache: Any, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> SpeculativeRun:
         """Sample the next token from `logits`, draft after it, verify, and return what to emit.
 
@@ -197,7 +194,7 @@ class SpeculativeStep:
         rows = self.runner.step([Row(cache, plan.feed, all_logits=True)])[0]  # [1 + len(draft), vocab]
         return self.resolve(plan, rows, cache)
 
-    def plan(self, logits: torch.Tensor, *, remaining: int, fence: Fence | None = None,
+    def plan(self, logits: Logits, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> DraftPlan | SpeculativeRun:
         """The first half of a step: sample the next token and draft after it. Returns the tokens to feed
         forward (a batched engine packs them with other rows' tokens), or a finished run when no forward is
@@ -212,7 +209,7 @@ class SpeculativeStep:
         draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
         return DraftPlan(first_id, draft, masks)
 
-    def resolve(self, plan: DraftPlan, rows: torch.Tensor, cache: DynamicCache) -> SpeculativeRun:
+    def resolve(self, plan: DraftPlan, rows: Logits, cache: Any) -> SpeculativeRun:
         """The second half: `rows` are the logits after each fed token (`[len(plan.feed), vocab]`), and the
         cache holds them all. Accept the draft's longest valid prefix and crop the rest out of the cache."""
         held = self.runner.length(cache) - len(plan.feed)
@@ -225,7 +222,7 @@ class SpeculativeStep:
 
     # ------------------------------------------------------------------ sampling the first token
 
-    def _sample_first(self, logits: torch.Tensor, fence: Fence | None, guard: LoopGuard | None) -> torch.Tensor:
+    def _sample_first(self, logits: Logits, fence: Fence | None, guard: LoopGuard | None) -> Any:
         if self._residual is not None:
             # the previous step rejected a draft token at this position: draw from p without it. The fence
             # mask is already in it; the loop guard had no loop here (drafts stop before one), so no ban.
@@ -239,7 +236,7 @@ class SpeculativeStep:
     # ------------------------------------------------------------------ drafting
 
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
-               limit: int) -> tuple[list[int], torch.Tensor | None]:
+               limit: int) -> tuple[list[int], np.ndarray | None]:
         """The draft after `first_id`, and the fence's mask at each draft position ([len(draft), words])."""
         if limit <= 0:
             return [], None
@@ -262,7 +259,7 @@ class SpeculativeStep:
 
     # ------------------------------------------------------------------ verifying
 
-    def _accept(self, rows: torch.Tensor, draft: list[int], masks: torch.Tensor | None) -> int:
+    def _accept(self, rows: Logits, draft: list[int], masks: np.ndarray | None) -> int:
         """rows: [len(draft), vocab], row i deciding draft[i]. Masked in place: row `accepted` becomes the
         next step's logits, and the mask it gets is the one the real fence applies there anyway."""
         if not draft:
@@ -293,9 +290,11 @@ class SpeculativeStep:
         stats.emitted += 1 + accepted
 
 
-def can_speculate(cache: DynamicCache) -> bool:
+def can_speculate(cache) -> bool:
     """Whether rejected drafts can be cropped out of this torch cache (full-attention layers only); the loop
     asks its engine (`Engine.can_crop`)."""
+    from zllm.engine.kv_layers import croppable
+
     return croppable(cache)
 
 

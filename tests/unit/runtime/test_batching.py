@@ -368,7 +368,9 @@ def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_cli
     assert outcomes == solo  # each row's seeded generator is its own: batching changes nothing
     assert max(steps.running) == len(requests)
     for outcome in outcomes[:2]:
-        assert outcome.calls and all(name == "get_weather" and valid(WEATHER, args) for name, args in outcome.calls)
+        # a random-weight model may open one call too many: the token budget, not the fence, cuts that one
+        complete = outcome.calls[:-1] if outcome.reason is FinishReason.LENGTH else outcome.calls
+        assert complete and all(name == "get_weather" and valid(WEATHER, args) for name, args in complete)
     for outcome in outcomes[2:4]:
         assert outcome.reason is FinishReason.STOP and valid_verdict(outcome.text)
 

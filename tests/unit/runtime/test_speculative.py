@@ -9,6 +9,7 @@ import threading
 import time
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,31 +193,42 @@ def test_seeded_speculative_sampling_is_reproducible(runner) -> None:
 CONFIGS = [SamplingConfig(0.7, seed=1), SamplingConfig(1.0, top_k=4, seed=2), SamplingConfig(1.3, top_p=0.8, seed=3)]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_sampling_probs_is_what_the_sampler_draws(config) -> None:
-    logits = torch.randn(12, generator=torch.Generator().manual_seed(5)) * 2
-    sampler, draws = Sampler(config), 6000
-    counts = torch.bincount(torch.tensor([sampler(logits).item() for _ in range(draws)]), minlength=12)
-    assert torch.allclose(counts / draws, sampling_probs(logits, config), atol=0.025)
+# the verifier's arithmetic on both kinds of logits: torch tensors (torch backend), numpy arrays (llama.cpp)
+KINDS = ["torch", "numpy"]
 
 
+def as_kind(tensor: torch.Tensor, kind: str):
+    return tensor if kind == "torch" else tensor.numpy().copy()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("config", CONFIGS)
-def test_accept_reject_emits_tokens_distributed_as_p(config) -> None:
+def test_sampling_probs_is_what_the_sampler_draws(config, kind) -> None:
+    logits = as_kind(torch.randn(12, generator=torch.Generator().manual_seed(5)) * 2, kind)
+    sampler, draws = Sampler(config, "cpu" if kind == "torch" else None), 6000
+    counts = torch.bincount(torch.tensor([int(sampler(logits).item()) for _ in range(draws)]), minlength=12)
+    assert torch.allclose(counts / draws, torch.as_tensor(sampling_probs(logits, config)), atol=0.025)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_accept_reject_emits_tokens_distributed_as_p(config, kind) -> None:
     """Two draft positions on fixed rows: the first emitted token follows p0 whatever the draft, and given the
     first draft token was accepted the second follows p1. Draft tokens likely, unlikely and outside top-k/p."""
     rows = torch.randn(2, 12, generator=torch.Generator().manual_seed(11)) * 2
     rows[:, 3] = float("-inf")  # a fence-masked token
-    p0, p1 = sampling_probs(rows[0], config), sampling_probs(rows[1], config)
-    generator = torch.Generator().manual_seed(config.seed)
+    rows = as_kind(rows, kind)
+    p0, p1 = (torch.as_tensor(sampling_probs(rows[i], config)) for i in range(2))
+    generator = torch.Generator().manual_seed(config.seed) if kind == "torch" else np.random.default_rng(config.seed)
     for draft in ([int(p0.argmax()), int(p1.argmin())], [int(p0.argmin()), int(p1.argmax())]):
         first, second = torch.zeros(12), torch.zeros(12)
         for _ in range(6000):
             accepted, residual = sampled_accepts(rows, draft, config, generator)
             if accepted == 0:
-                first[sample_from(residual, generator).item()] += 1
+                first[int(sample_from(residual, generator).item())] += 1
                 continue
             first[draft[0]] += 1
-            second[draft[1] if accepted == 2 else sample_from(residual, generator).item()] += 1
+            second[draft[1] if accepted == 2 else int(sample_from(residual, generator).item())] += 1
         assert torch.allclose(first / first.sum(), p0, atol=0.025)
         assert first[3] == 0 and second[3] == 0
         if second.sum() > 2000:

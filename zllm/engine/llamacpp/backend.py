@@ -14,8 +14,9 @@ One context, one unified KV pool (`kv_unified`), many sequences by id:
 mixes sequences after a seq_cp fails (design/ENGINE.md). Positions are tracked here per sequence, and
 llama.cpp checks them: a row continues exactly at its sequence's length.
 
-Logits come back as torch tensors on the CPU ([vocab] float32, copied out of llama.cpp's buffer, which the
-next decode overwrites): sampling, fences and the speculative verifier are zllm's, the same on both backends.
+Logits come back as numpy arrays ([vocab] float32, copied out of llama.cpp's buffer, which the next decode
+overwrites; [n, vocab] for an all_logits row): sampling, fences and the speculative verifier are zllm's, the
+same on both backends, and nothing on this path imports torch.
 Engine thread only: a llama.cpp context is not thread-safe.
 """
 
@@ -24,11 +25,11 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import llama_cpp as lc
 import numpy as np
-import torch
 
 from zllm.engine.contract import KeptState, Row
 from zllm.errors import EngineFailure
@@ -64,7 +65,7 @@ class ContextSettings:
 
 class LlamaCppEngine:
     backend = "llamacpp"
-    device = torch.device("cpu")  # where logits are handed out (llama.cpp returns them in host memory)
+    device = None  # logits are numpy arrays in host memory (engine/contract.py)
 
     def __init__(self, gguf_path: str, settings: ContextSettings):
         lc.llama_backend_init()
@@ -160,6 +161,11 @@ class LlamaCppEngine:
 
     # ------------------------------------------------------------------ the engine seam
 
+    @staticmethod
+    def engine_thread(threads: int) -> nullcontext:
+        """llama.cpp keeps its own thread count per context (ContextSettings.threads): nothing to enter."""
+        return nullcontext()
+
     def open(self, lease=None) -> LlamaSequence:
         if lease is not None:
             return lease.sequence
@@ -167,11 +173,11 @@ class LlamaCppEngine:
             raise EngineFailure("every llama.cpp sequence is in use", hint="lower --max-batch or the cache rounds")
         return LlamaSequence(self._free_ids.pop())
 
-    def step(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+    def step(self, rows: Sequence[Row]) -> list[np.ndarray]:
         """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens."""
         feeds = [(row.seq, token, row.seq.length + i, row.all_logits or i == len(row.token_ids) - 1)
                  for row in rows for i, token in enumerate(row.token_ids)]
-        logits: list[torch.Tensor] = []
+        logits: list[np.ndarray] = []
         for start in range(0, len(feeds), self.settings.batch):
             logits.extend(self._decode(feeds[start:start + self.settings.batch]))
         for row in rows:
@@ -179,14 +185,14 @@ class LlamaCppEngine:
         results, cursor = [], 0
         for row in rows:
             if row.all_logits:
-                results.append(torch.stack(logits[cursor:cursor + len(row.token_ids)]))
+                results.append(np.stack(logits[cursor:cursor + len(row.token_ids)]))
                 cursor += len(row.token_ids)
             else:
                 results.append(logits[cursor])
                 cursor += 1
         return results
 
-    def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[torch.Tensor]:
+    def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[np.ndarray]:
         batch = self._batch
         for i, (seq, token, position, wants_logits) in enumerate(feeds):
             batch.token[i] = token
@@ -204,10 +210,9 @@ class LlamaCppEngine:
                                 hint="raise --cache-budget-mb or lower --max-batch")
         return [self._logits_at(i) for i, feed in enumerate(feeds) if feed[3]]
 
-    def _logits_at(self, batch_index: int) -> torch.Tensor:
+    def _logits_at(self, batch_index: int) -> np.ndarray:
         pointer = lc.llama_get_logits_ith(self.ctx, batch_index)
-        view = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,))
-        return torch.from_numpy(view.copy())  # the next decode overwrites llama.cpp's buffer
+        return np.ctypeslib.as_array(pointer, shape=(self.vocab_size,)).copy()  # the next decode overwrites it
 
     @staticmethod
     def length(seq: LlamaSequence) -> int:

@@ -1,8 +1,12 @@
 """Load a GGUF model directory (zllm/models/weights.py's layout) for the llama.cpp backend.
 
     model.gguf      → llama.cpp, as it is (no dequantization)
-    config.json     → transformers' config read from the GGUF: EOS ids, vocabulary size, context length
-    tokenizer files → the prompt renderer (its ids equal llama.cpp's own tokenization: tests say so)
+    config.json     → the config transformers wrote from the GGUF at pull: EOS ids, vocabulary size, context
+                      length (read as JSON: transformers' AutoConfig would import torch)
+    tokenizer files → the prompt renderer, on `tokenizers` + jinja2 (prompt/tokenizer_files.py; its ids equal
+                      llama.cpp's own tokenization: tests say so)
+
+Nothing here imports torch or transformers (a test loads a model in a fresh process and checks sys.modules).
 
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
@@ -10,14 +14,14 @@ the context window (at least 8K tokens, at most 64K), so one full-window request
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-from transformers.utils import logging as transformers_logging
+from types import SimpleNamespace
 
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine, read_quantization
-from zllm.engine.loader import GGUF_FILE, LoadedModel, _context_length
+from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
 from zllm.errors import ConfigError
+from zllm.prompt.tokenizer_files import TokenizerFiles
 
 MiB = 1 << 20
 MIN_CELLS, MAX_CELLS = 8192, 65536
@@ -30,14 +34,13 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     gguf = path / GGUF_FILE
     if not gguf.is_file():
         raise ConfigError(f"{path} holds no {GGUF_FILE}", hint="the llama.cpp backend serves GGUF models")
-    transformers_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = ModelConfig.from_dir(path)
+    tokenizer = TokenizerFiles.from_dir(path)
     window = _context_length(config, context_length)
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf), max_sequences=min(256, max(64, 4 * max_batch)),
         threads=threads, ubatch=ubatch, gpu_layers=gpu_layers))
-    return LoadedModel(path=path, model=None, tokenizer=tokenizer, device=engine.device,
+    return LoadedModel(path=path, model=None, tokenizer=tokenizer, device="cpu",
                        dtype=read_quantization(str(gguf)), context_length=window, threads=threads,
                        backend="llamacpp", backend_reason=reason, engine=engine, model_config=config,
                        generation_eos=_generation_eos(path))
@@ -51,7 +54,30 @@ def _cells(window: int, cache_budget_mb: int, gguf: Path) -> int:
 
 
 def _generation_eos(path: Path):
+    """The generation config's EOS id(s); None without a generation_config.json (the config's own apply)."""
+    return _read_json(path / "generation_config.json").get("eos_token_id")
+
+
+class ModelConfig(SimpleNamespace):
+    """config.json as attributes: what the runtime reads of a model's config (`architectures`, and through
+    `get_text_config()` `eos_token_id`, `vocab_size`, `max_position_embeddings`), as transformers' config
+    answers it (a multimodal config keeps the language model's under `text_config`)."""
+
+    @classmethod
+    def from_dir(cls, path: Path) -> ModelConfig:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is not a model directory (no config.json)")
+        return cls(**_read_json(path / "config.json"))
+
+    def get_text_config(self) -> ModelConfig:
+        text = getattr(self, "text_config", None)
+        return ModelConfig(**text) if isinstance(text, dict) else self
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
     try:
-        return GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:  # no generation_config.json: the config's own EOS applies
-        return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
