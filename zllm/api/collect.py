@@ -7,7 +7,17 @@ import logging
 from collections.abc import Callable
 
 from zllm.api.errors import ReportedError, finished_error
-from zllm.canonical import Event, Finished, FinishReason, RequestStream
+from zllm.canonical import (
+    Event,
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    RequestStream,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from zllm.errors import Overloaded
 
 log = logging.getLogger("zllm.api")
@@ -40,3 +50,45 @@ def raise_unless_completed(finished: Finished | None) -> Finished:
         error = finished_error(finished)
         raise ReportedError(error.code, error.message)
     return finished
+
+
+class CollectedAnswer:
+    """A non-streaming answer's parts gathered from its events, for an API's builder to shape: the text, the
+    reasoning, the tool calls (ToolCallEnd's arguments replace the streamed deltas) and the Finished event."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, list[str]] = {}  # index → [id, name, arguments]
+        self.finished: Finished | None = None
+
+    def feed(self, event: Event) -> None:
+        match event:
+            case TextDelta(text=text):
+                self._text.append(text)
+            case ReasoningDelta(text=text):
+                self._reasoning.append(text)
+            case ToolCallStart(index=index, id=call_id, name=name):
+                self._calls[index] = [call_id, name, ""]
+            case ToolCallArgsDelta(index=index, text=text):
+                self._calls.setdefault(index, ["", "", ""])[2] += text
+            case ToolCallEnd(index=index, arguments=arguments):
+                self._calls.setdefault(index, ["", "", ""])[2] = arguments
+            case Finished():
+                self.finished = event
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def has_reasoning(self) -> bool:
+        return bool(self._reasoning)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def tool_calls(self) -> list[tuple[int, str, str, str]]:
+        """(index, id, name, arguments) of each call, in index order."""
+        return [(index, call_id, name, arguments) for index, (call_id, name, arguments) in sorted(self._calls.items())]

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
-from zllm.api.collect import raise_unless_completed
+from zllm.api.collect import CollectedAnswer, raise_unless_completed
 from zllm.api.errors import ApiError, finished_error
 from zllm.api.ollama import wire
 from zllm.canonical import (
@@ -179,34 +179,21 @@ class OllamaReplyBuilder:
         self.kind = kind
         self.model = model
         self.timings = timings
-        self._text: list[str] = []
-        self._thinking: list[str] = []
-        self._calls: dict[int, list[str]] = {}
-        self._finished: Finished | None = None
+        self._answer = CollectedAnswer()
 
     def feed(self, event: Event) -> None:
         self.timings.saw_event()
-        match event:
-            case TextDelta(text=text):
-                self._text.append(text)
-            case ReasoningDelta(text=text):
-                self._thinking.append(text)
-            case ToolCallStart(index=index, id=call_id, name=name):
-                self._calls[index] = [call_id, name, ""]
-            case ToolCallArgsDelta(index=index, text=text):
-                self._calls.setdefault(index, ["", "", ""])[2] += text
-            case ToolCallEnd(index=index, arguments=arguments):
-                self._calls.setdefault(index, ["", "", ""])[2] = arguments
-            case Finished():
-                self._finished = event
+        self._answer.feed(event)
 
     def result(self) -> dict:
         """The answer; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        finished = raise_unless_completed(self._finished)
-        part: dict = {"content": "".join(self._text)}
-        if self._thinking:
-            part["thinking"] = "".join(self._thinking)
-        if self._calls and self.kind == "chat":
+        answer = self._answer
+        finished = raise_unless_completed(answer.finished)
+        part: dict = {"content": answer.text}
+        if answer.has_reasoning:
+            part["thinking"] = answer.reasoning
+        calls = answer.tool_calls()
+        if calls and self.kind == "chat":
             part["tool_calls"] = [_tool_call(index, call_id, name, arguments)
-                                  for index, (call_id, name, arguments) in sorted(self._calls.items())]
+                                  for index, call_id, name, arguments in calls]
         return {**_head(self.model), **_body(self.kind, part), "done": True, **self.timings.final_fields(finished)}

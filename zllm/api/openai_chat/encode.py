@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from zllm.api.collect import raise_unless_completed
+from zllm.api.collect import CollectedAnswer, raise_unless_completed
 from zllm.api.errors import ApiError, finished_error, openai_error_body
 from zllm.api.openai_chat import wire
 from zllm.api.sse import SsePayload
@@ -145,30 +145,14 @@ class ChatCompletionBuilder:
         self.completion_id = completion_id
         self.model = model
         self.created = created
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        # index → [id, name, arguments]; ToolCallEnd's arguments replace the streamed deltas
-        self._calls: dict[int, list[str]] = {}
-        self._finished: Finished | None = None
+        self._answer = CollectedAnswer()
 
     def feed(self, event: Event) -> None:
-        match event:
-            case TextDelta(text=text):
-                self._text.append(text)
-            case ReasoningDelta(text=text):
-                self._reasoning.append(text)
-            case ToolCallStart(index=index, id=call_id, name=name):
-                self._calls[index] = [call_id, name, ""]
-            case ToolCallArgsDelta(index=index, text=text):
-                self._calls.setdefault(index, ["", "", ""])[2] += text
-            case ToolCallEnd(index=index, arguments=arguments):
-                self._calls.setdefault(index, ["", "", ""])[2] = arguments
-            case Finished():
-                self._finished = event
+        self._answer.feed(event)
 
     def result(self) -> dict:
         """The completion; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        finished = raise_unless_completed(self._finished)
+        finished = raise_unless_completed(self._answer.finished)
         return {
             "id": self.completion_id,
             "object": wire.CHAT_COMPLETION,
@@ -181,17 +165,18 @@ class ChatCompletionBuilder:
                 "logprobs": None,
                 "finish_reason": wire.FINISH_REASONS[finished.reason],
             }],
-            "usage": usage_body(finished.usage, saw_reasoning=bool(self._reasoning)),
+            "usage": usage_body(finished.usage, saw_reasoning=self._answer.has_reasoning),
         }
 
     def _message(self) -> dict:
-        text = "".join(self._text)
-        message: dict = {"role": "assistant", "content": text if text or not self._calls else None}
-        if self._reasoning:
-            message[wire.REASONING_FIELD] = "".join(self._reasoning)
-        if self._calls:
+        answer = self._answer
+        text, calls = answer.text, answer.tool_calls()
+        message: dict = {"role": "assistant", "content": text if text or not calls else None}
+        if answer.has_reasoning:
+            message[wire.REASONING_FIELD] = answer.reasoning
+        if calls:
             message["tool_calls"] = [
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-                for _, (call_id, name, arguments) in sorted(self._calls.items())
+                for _, call_id, name, arguments in calls
             ]
         return message
