@@ -9,7 +9,7 @@ appended from id 151643:
 
 Ids differ from real GLM-4.5 (151329...). As in GLM's tokenizer_config, the framing tokens are special
 (skipped by `skip_special_tokens=True`) while the reasoning / tool / argument tags are not: they decode as
-text, so the dialect parser sees them. There is NO chat template: `zllm.dialects.glm_xml` writes GLM's
+text, so the dialect parser sees them. There is NO chat template: `zllm.dialects.glm.dialect` writes GLM's
 framing itself, so nothing may depend on a template.
 
 - `glm_tokenizer()`: the tokenizer (lru-cached; deep-copy to modify).

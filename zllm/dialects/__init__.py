@@ -1,4 +1,4 @@
-"""Model text ⇄ canonical, one file per model family (see base.py for the contract)."""
+"""Model text ⇄ canonical, one package per model family (see base.py for the contract)."""
 
 from zllm.dialects.base import (
     CANONICAL_JSON_GUIDANCE,

@@ -25,11 +25,11 @@ AUTO = "auto"
 
 # name → "module:Class", imported on first use (each dialect module is independent)
 _DIALECTS: dict[str, str] = {
-    "hermes": "zllm.dialects.hermes_json:HermesJson",
-    "qwen3": "zllm.dialects.hermes_json:Qwen3Hermes",
-    "glm45": "zllm.dialects.glm_xml:Glm45Xml",
-    "deepseek-v3.2": "zllm.dialects.deepseek_dsml:DeepSeekV32Dsml",
-    "deepseek-v4": "zllm.dialects.deepseek_dsml:DeepSeekV4Dsml",
+    "hermes": "zllm.dialects.hermes.dialect:HermesJson",
+    "qwen3": "zllm.dialects.hermes.dialect:Qwen3Hermes",
+    "glm45": "zllm.dialects.glm.dialect:Glm45Xml",
+    "deepseek-v3.2": "zllm.dialects.dsml.dialect:DeepSeekV32Dsml",
+    "deepseek-v4": "zllm.dialects.dsml.dialect:DeepSeekV4Dsml",
 }
 NAMES: tuple[str, ...] = tuple(_DIALECTS)
 

@@ -13,8 +13,8 @@ import pytest
 from tests.support.deepseek_models import deepseek_v31_tokenizer, v4_tokenizer_or_skip
 from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice, ToolGrammar
 from zllm.dialects.base import FenceSpec, MarkupTokens
-from zllm.dialects.deepseek_dsml import DeepSeekV4Dsml, DeepSeekV32Dsml
-from zllm.dialects.dsml_render import assistant_output
+from zllm.dialects.dsml.dialect import DeepSeekV4Dsml, DeepSeekV32Dsml
+from zllm.dialects.dsml.render import assistant_output
 
 WEATHER = FunctionTool("get_weather", "", {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city"]})

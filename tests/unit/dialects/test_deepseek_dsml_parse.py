@@ -19,8 +19,8 @@ from zllm.canonical import (
     ToolCallEnd,
     ToolCallStart,
 )
-from zllm.dialects.deepseek_dsml import DeepSeekV4Dsml, DeepSeekV32Dsml
-from zllm.dialects.dsml_render import assistant_output
+from zllm.dialects.dsml.dialect import DeepSeekV4Dsml, DeepSeekV32Dsml
+from zllm.dialects.dsml.render import assistant_output
 
 TOOLS = (
     FunctionTool("get_weather", "", {"type": "object", "properties": {

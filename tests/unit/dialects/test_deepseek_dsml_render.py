@@ -11,7 +11,7 @@ from tests.support.deepseek_models import (
 )
 from zllm.canonical import FunctionTool, Message, ToolCall
 from zllm.dialects.base import Conversation
-from zllm.dialects.deepseek_dsml import DeepSeekV4Dsml, DeepSeekV32Dsml
+from zllm.dialects.dsml.dialect import DeepSeekV4Dsml, DeepSeekV32Dsml
 
 V32, V4 = DeepSeekV32Dsml(), DeepSeekV4Dsml()
 WEATHER = FunctionTool("get_weather", "Weather for a city", {

@@ -18,7 +18,7 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import Conversation
-from zllm.dialects.deepseek_dsml import DeepSeekV32Dsml
+from zllm.dialects.dsml.dialect import DeepSeekV32Dsml
 from zllm.engine.loader import load_model
 
 WEATHER = FunctionTool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})

@@ -19,8 +19,8 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import Conversation
-from zllm.dialects.glm_render import render_assistant_turn
-from zllm.dialects.glm_xml import Glm45Xml
+from zllm.dialects.glm.dialect import Glm45Xml
+from zllm.dialects.glm.render import render_assistant_turn
 from zllm.dialects.registry import TokenizerFacts, choose_dialect, dialect_named
 
 DIALECT = Glm45Xml()

@@ -16,7 +16,7 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import Conversation
-from zllm.dialects.hermes_json import (
+from zllm.dialects.hermes.dialect import (
     HermesJson,
     Qwen3Hermes,
     assistant_text,

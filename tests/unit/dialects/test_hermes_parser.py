@@ -11,7 +11,7 @@ from zllm.canonical import (
     ToolCallEnd,
     ToolCallStart,
 )
-from zllm.dialects.hermes_json import HermesJson, Qwen3Hermes
+from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes
 
 
 def T(text):

@@ -34,7 +34,7 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import StreamParser
-from zllm.dialects.dsml_format import (
+from zllm.dialects.dsml.format import (
     BLOCK_NAMES,
     BLOCK_SEPARATOR,
     DSML,

@@ -1,6 +1,6 @@
 """Hermes / Qwen JSON tool calls on ChatML: `hermes` (SmolLM2 and any ChatML model) and `qwen3` (with thinking).
 
-What the model writes (an assistant turn; the parser is hermes_parser.py, the fence hermes_grammar.py):
+What the model writes (an assistant turn; the parser is parse.py, the fence grammar.py):
 
     <think>\\n{reasoning}\\n</think>\\n\\n                       (qwen3 only)
     {text}\\n<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>\\n<tool_call>\\n...
@@ -44,8 +44,8 @@ from zllm.dialects.base import (
     StreamParser,
     canonical_arguments,
 )
-from zllm.dialects.hermes_grammar import hermes_fence_grammar
-from zllm.dialects.hermes_parser import HermesParser
+from zllm.dialects.hermes.grammar import hermes_fence_grammar
+from zllm.dialects.hermes.parse import HermesParser
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

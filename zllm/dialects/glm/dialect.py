@@ -28,7 +28,7 @@ thinking off the generation prompt is `<|assistant|>\n<think></think>` and user 
 Reasoning is kept only for assistant turns after the last user turn (GLM's template drops earlier ones).
 
 Argument values: a string parameter's value is raw text, anything else compact JSON (`[1, 2]`); the parser
-types values from the tool schemas (see glm_grammar.py) and streams the canonical JSON object.
+types values from the tool schemas (see grammar.py) and streams the canonical JSON object.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ from zllm.dialects.base import (
     MarkupTokens,
     StreamParser,
 )
-from zllm.dialects.glm_grammar import (
+from zllm.dialects.glm.grammar import (
     MARKUP,
     build_fence_grammar,
 )
-from zllm.dialects.glm_parse import GlmXmlParser
-from zllm.dialects.glm_render import OBSERVATION, USER, render_prompt
+from zllm.dialects.glm.parse import GlmXmlParser
+from zllm.dialects.glm.render import OBSERVATION, USER, render_prompt
 
 
 class Glm45Xml(Dialect):

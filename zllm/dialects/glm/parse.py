@@ -1,4 +1,4 @@
-"""GLM-4.5 output parsing: text, `<think>` reasoning and `<tool_call>` blocks, incrementally (see glm_xml.py)."""
+"""GLM-4.5 output parsing: text, `<think>` reasoning and `<tool_call>` blocks, incrementally (see dialect.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from zllm.canonical import (
 from zllm.dialects.base import (
     StreamParser,
 )
-from zllm.dialects.glm_grammar import (
+from zllm.dialects.glm.grammar import (
     CALL_CLOSE,
     CALL_OPEN,
     KEY_CLOSE,
@@ -34,7 +34,7 @@ from zllm.dialects.glm_grammar import (
     spellings,
     value_json,
 )
-from zllm.dialects.glm_render import string_param
+from zllm.dialects.glm.render import string_param
 from zllm.dialects.scan import TagScanner
 
 _NAME_LIMIT = 128  # a "name line" longer than this is prose that happened to follow a <tool_call>

@@ -46,7 +46,7 @@ from zllm.dialects.base import (
     FenceSpec,
     MarkupTokens,
 )
-from zllm.dialects.dsml_format import (
+from zllm.dialects.dsml.format import (
     BLOCK_SEPARATOR,
     DSML,
     THINK_CLOSE,
@@ -56,7 +56,7 @@ from zllm.dialects.dsml_format import (
     param_tag,
     schema_says_string,
 )
-from zllm.dialects.dsml_render import DsmlFamily
+from zllm.dialects.dsml.render import DsmlFamily
 from zllm.dialects.string_values import escape_slashes, raw_string_terminal
 
 # text that cannot contain DSML markup (either marker spelling) or a think tag; a value only avoids DSML

@@ -41,7 +41,7 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import StreamParser
-from zllm.dialects.hermes_json_cursor import WHITESPACE, JsonCursor
+from zllm.dialects.hermes.json_cursor import WHITESPACE, JsonCursor
 from zllm.dialects.scan import TagScanner
 
 OPENERS = ("<tool_call>", "<TOOL_CALL>")

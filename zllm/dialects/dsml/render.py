@@ -26,7 +26,7 @@ from typing import Literal
 
 from zllm.canonical import FunctionTool, Message
 from zllm.dialects.base import Conversation
-from zllm.dialects.dsml_format import (
+from zllm.dialects.dsml.format import (
     ASSISTANT,
     BLOCK_SEPARATOR,
     BOS,

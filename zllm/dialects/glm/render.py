@@ -1,4 +1,4 @@
-"""GLM-4.5 prompt rendering: the framing, the tools block, past calls and results (see glm_xml.py)."""
+"""GLM-4.5 prompt rendering: the framing, the tools block, past calls and results (see dialect.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from zllm.canonical import (
 from zllm.dialects.base import (
     Conversation,
 )
-from zllm.dialects.glm_grammar import (
+from zllm.dialects.glm.grammar import (
     CALL_CLOSE,
     CALL_OPEN,
     KEY_CLOSE,

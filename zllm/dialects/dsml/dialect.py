@@ -12,8 +12,8 @@ the reasoning; V4 writes `tool_calls` where V3.2 writes `function_calls`):
     </｜DSML｜invoke>
     </｜DSML｜function_calls><｜end▁of▁sentence｜>
 
-Pieces: dsml_format.py (literals, value rules), dsml_render.py (the prompt), dsml_parse.py (output → events),
-dsml_grammar.py (the fence). On the V3.1/V3.2 vocabulary `｜DSML｜` is four ordinary tokens; on V4's it is one
+Pieces: format.py (literals, value rules), render.py (the prompt), parse.py (output → events),
+grammar.py (the fence). On the V3.1/V3.2 vocabulary `｜DSML｜` is four ordinary tokens; on V4's it is one
 added token, which the fence must name by id (`single_token_markup`).
 """
 
@@ -32,10 +32,10 @@ from zllm.dialects.base import (
     MarkupTokens,
     StreamParser,
 )
-from zllm.dialects.dsml_format import DSML, THINK_CLOSE, THINK_OPEN
-from zllm.dialects.dsml_grammar import fence_grammar
-from zllm.dialects.dsml_parse import DsmlStreamParser
-from zllm.dialects.dsml_render import V4, V32, DsmlFamily, render_prompt
+from zllm.dialects.dsml.format import DSML, THINK_CLOSE, THINK_OPEN
+from zllm.dialects.dsml.grammar import fence_grammar
+from zllm.dialects.dsml.parse import DsmlStreamParser
+from zllm.dialects.dsml.render import V4, V32, DsmlFamily, render_prompt
 
 
 class _DeepSeekDsml(Dialect):
