@@ -13,7 +13,7 @@ from tests.support.glm_models import glm_tokenizer
 from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice, ToolGrammar
 from zllm.dialects.base import FenceSpec, MarkupTokens
 from zllm.dialects.glm.dialect import Glm45Xml
-from zllm.dialects.glm.grammar import MARKUP
+from zllm.dialects.glm.format import MARKUP
 from zllm.dialects.glm.render import render_assistant_turn
 
 DIALECT = Glm45Xml()

@@ -7,7 +7,8 @@ import pytest
 
 from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice, ToolGrammar
 from zllm.dialects.base import FenceSpec, MarkupTokens
-from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes, assistant_text
+from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes
+from zllm.dialects.hermes.render import assistant_text
 
 A = FunctionTool("A", "needs x", {"type": "object", "properties": {"x": {"type": "integer"}, "tag": {"type": "string"}},
                                   "required": ["x"], "additionalProperties": False})

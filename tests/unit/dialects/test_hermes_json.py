@@ -16,13 +16,8 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import Conversation
-from zllm.dialects.hermes.dialect import (
-    HermesJson,
-    Qwen3Hermes,
-    assistant_text,
-    template_default_system,
-    tools_block,
-)
+from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes
+from zllm.dialects.hermes.render import assistant_text, template_default_system, tools_block
 
 WEATHER = FunctionTool("get_weather", "Météo d'une ville — 天气", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})

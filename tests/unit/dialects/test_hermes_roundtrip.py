@@ -15,7 +15,8 @@ from zllm.canonical import (
     ToolCallEnd,
     ToolCallStart,
 )
-from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes, assistant_text
+from zllm.dialects.hermes.dialect import HermesJson, Qwen3Hermes
+from zllm.dialects.hermes.render import assistant_text
 
 # chunks that can never spell a tag (no "tool"; reasoning gets no "/", so no "</think>")
 CONTENT_CHUNKS = ["a", "Hi ", "\n", "\n\n", "<", ">", "{", "}", '"', "\\", "é", "日本", " ", "/", "think", "🙂"]

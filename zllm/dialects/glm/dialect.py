@@ -28,7 +28,7 @@ thinking off the generation prompt is `<|assistant|>\n<think></think>` and user 
 Reasoning is kept only for assistant turns after the last user turn (GLM's template drops earlier ones).
 
 Argument values: a string parameter's value is raw text, anything else compact JSON (`[1, 2]`); the parser
-types values from the tool schemas (see grammar.py) and streams the canonical JSON object.
+types values from the tool schemas (see format.py) and streams the canonical JSON object.
 """
 
 from __future__ import annotations
@@ -47,10 +47,8 @@ from zllm.dialects.base import (
     MarkupTokens,
     StreamParser,
 )
-from zllm.dialects.glm.grammar import (
-    MARKUP,
-    build_fence_grammar,
-)
+from zllm.dialects.glm.format import MARKUP
+from zllm.dialects.glm.grammar import build_fence_grammar
 from zllm.dialects.glm.parse import GlmXmlParser
 from zllm.dialects.glm.render import OBSERVATION, USER, render_prompt
 

@@ -19,7 +19,7 @@ from zllm.canonical import (
 from zllm.dialects.base import (
     StreamParser,
 )
-from zllm.dialects.glm.grammar import (
+from zllm.dialects.glm.format import (
     CALL_CLOSE,
     CALL_OPEN,
     KEY_CLOSE,
@@ -32,9 +32,9 @@ from zllm.dialects.glm.grammar import (
     VALUE_OPEN,
     param_schemas,
     spellings,
+    string_param,
     value_json,
 )
-from zllm.dialects.glm.render import string_param
 from zllm.dialects.scan import TagScanner
 
 _NAME_LIMIT = 128  # a "name line" longer than this is prose that happened to follow a <tool_call>

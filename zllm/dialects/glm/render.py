@@ -12,7 +12,7 @@ from zllm.canonical import (
 from zllm.dialects.base import (
     Conversation,
 )
-from zllm.dialects.glm.grammar import (
+from zllm.dialects.glm.format import (
     CALL_CLOSE,
     CALL_OPEN,
     KEY_CLOSE,
@@ -21,8 +21,8 @@ from zllm.dialects.glm.grammar import (
     THINK_OPEN,
     VALUE_CLOSE,
     VALUE_OPEN,
-    is_string_schema,
     param_schemas,
+    string_param,
     value_text,
 )
 
@@ -94,10 +94,3 @@ def _tool_json(tool: FunctionTool) -> str:
     function = {"name": tool.name, **({"description": tool.description} if tool.description else {}),
                 "parameters": tool.parameters}
     return json.dumps({"type": "function", "function": function}, ensure_ascii=False)
-
-
-def string_param(tool: FunctionTool | None, schemas: dict[str, dict], key: str) -> bool:
-    # a free-form tool's one `input` is a string whatever its declared schema says
-    return (tool is not None and tool.grammar is not None and key == "input") or is_string_schema(schemas.get(key))
-
-

@@ -39,9 +39,8 @@ from zllm.dialects.base import (
     FenceSpec,
     MarkupTokens,
 )
+from zllm.dialects.hermes.format import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # canonical spelling, and unknown keywords or formats in client schemas (e.g. "format": "uri-reference")
 # ignored rather than failing the whole request
 JSON_GUIDANCE = {**CANONICAL_JSON_GUIDANCE, "lenient": True}
@@ -60,7 +59,7 @@ def hermes_fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, thinking: boo
     if thinking:
         lines += think_rules(markup)
     lines += answer_rules(spec, tools, markup)
-    literals = ((OPEN, CLOSE) if tools else ()) + ((THINK_OPEN, THINK_CLOSE) if thinking else ())
+    literals = ((CALL_OPEN, CALL_CLOSE) if tools else ()) + ((THINK_OPEN, THINK_CLOSE) if thinking else ())
     return FenceGrammar(lark="\n".join(lines) + "\n", literals=literals)
 
 
@@ -85,17 +84,17 @@ def answer_rules(spec: FenceSpec, tools: tuple[FunctionTool, ...], markup: Marku
         return ["answer: calls", *calls]
     if schema is not None:
         return ["answer: json_answer | calls", json_answer_rule(schema), *calls]
-    if markup.is_single(OPEN):  # TEXT cannot match an added token, so it ends where the opener starts
+    if markup.is_single(CALL_OPEN):  # TEXT cannot match an added token, so it ends where the opener starts
         return ["answer: TEXT calls?", *calls, TEXT_RULE]
     calls.pop()  # the first call follows the lazy head instead
-    head = f"call_head[lazy]: TEXT {markup.lark(OPEN)}"
+    head = f"call_head[lazy]: TEXT {markup.lark(CALL_OPEN)}"
     return ['answer: TEXT | call_head call_rest ("\\n" call)*', head, *calls, TEXT_RULE]
 
 
 def call_rules(tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:
     rules = [
-        f"call: {markup.lark(OPEN)} call_rest",
-        f'call_rest: "\\n" call_json "\\n" {markup.lark(CLOSE)}',
+        f"call: {markup.lark(CALL_OPEN)} call_rest",
+        f'call_rest: "\\n" call_json "\\n" {markup.lark(CALL_CLOSE)}',
         "call_json: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
     ]
     for i, tool in enumerate(tools):

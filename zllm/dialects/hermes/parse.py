@@ -41,16 +41,14 @@ from zllm.canonical import (
     ToolCallStart,
 )
 from zllm.dialects.base import StreamParser
+from zllm.dialects.hermes.format import CALL_CLOSERS, CALL_OPENERS, THINK_CLOSE, THINK_OPEN
 from zllm.dialects.hermes.json_cursor import WHITESPACE, JsonCursor
 from zllm.dialects.scan import TagScanner
 
-OPENERS = ("<tool_call>", "<TOOL_CALL>")
-CLOSERS = ("</tool_call>", "</TOOL_CALL>")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 # "\n<tool_call>" is a tag of its own so a "\n" that may be framing is held back until the opener decides it
-TEXT_TAGS = tuple("\n" + tag for tag in OPENERS) + OPENERS + CLOSERS
+TEXT_TAGS = tuple("\n" + tag for tag in CALL_OPENERS) + CALL_OPENERS + CALL_CLOSERS
 REASONING_TAGS = ("\n" + THINK_CLOSE, THINK_CLOSE)
 # what follows a value that broke inside `arguments`: the object's own closing brace and framing whitespace
 _OUTER_CLOSE = re.compile(r"(\s*\})?\s*\Z")
@@ -175,7 +173,7 @@ class HermesParser(StreamParser):
         if tag is None:
             return rest
         self._drop_leading_ws = False
-        if tag in CLOSERS:
+        if tag in CALL_CLOSERS:
             return rest  # a stray closer
         if tag.startswith("\n") and not self._wrote_anything:
             self._text("\n")  # nothing before it: not a separator
@@ -206,14 +204,14 @@ class HermesParser(StreamParser):
 
     def _feed_raw(self, text: str) -> str:
         """A malformed call: text, up to and including its closer."""
-        before, tag, rest = self._scan(CLOSERS, text)
+        before, tag, rest = self._scan(CALL_CLOSERS, text)
         self._text(before + (tag or ""))
         if tag is not None:
             self._mode = "text"
         return rest
 
     def _feed_broken_args(self, text: str) -> str:
-        before, tag, rest = self._scan(CLOSERS, text)
+        before, tag, rest = self._scan(CALL_CLOSERS, text)
         self._call.args_raw += before
         if tag is not None:
             self._end_call(counted=True)
