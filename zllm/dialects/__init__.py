@@ -5,7 +5,8 @@ Each family package (`hermes/`, `glm/`, `dsml/`) has the same roles, one file ea
     format.py   the literals and value rules the other three share
     render.py   conversation → prompt text
     parse.py    model output → canonical events (a StreamParser)
-    grammar.py  the fence: one request's llguidance grammar, from the same literals the parser scans for
+    grammar.py  the fence: `fence_grammar(spec, markup)` → one request's llguidance grammar, from the same
+                literals the parser scans for (a family with variants takes the variant as a keyword)
 hermes/ also has json_cursor.py, the incremental JSON checker its parser reads call bodies with.
 Shared by all families: base.py (the contract), registry.py (which dialect a model speaks), scan.py (the tag
 scanner the parsers use), string_values.py (string-parameter rules the grammars share).

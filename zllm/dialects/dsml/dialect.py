@@ -54,7 +54,7 @@ class _DeepSeekDsml(Dialect):
         return DsmlStreamParser(tools, thinking=thinking, new_call_id=new_call_id)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return fence_grammar(self.family, spec, markup)
+        return fence_grammar(spec, markup, family=self.family)
 
 
 class DeepSeekV32Dsml(_DeepSeekDsml):

@@ -69,7 +69,9 @@ NON_STRING_TYPES = ["number", "integer", "boolean", "array", "object", "null"]
 STRING_TRUE, STRING_FALSE = ' string="true">', ' string="false">'
 
 
-def fence_grammar(family: DsmlFamily, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
+def fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, family: DsmlFamily) -> FenceGrammar | None:
+    """The grammar for one request, None when nothing is constrained (every family's grammar.py has this
+    function; `family`, V3.2 or V4, is this family's variant)."""
     if not spec.constrains:
         return None
     builder = _Builder(family.tags, markup)

@@ -48,7 +48,7 @@ from zllm.dialects.base import (
     StreamParser,
 )
 from zllm.dialects.glm.format import MARKUP
-from zllm.dialects.glm.grammar import build_fence_grammar
+from zllm.dialects.glm.grammar import fence_grammar
 from zllm.dialects.glm.parse import GlmXmlParser
 from zllm.dialects.glm.render import OBSERVATION, USER, render_prompt
 
@@ -69,4 +69,4 @@ class Glm45Xml(Dialect):
         return GlmXmlParser(tools, new_call_id)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return build_fence_grammar(spec, markup)
+        return fence_grammar(spec, markup)

@@ -45,7 +45,8 @@ from zllm.dialects.glm.format import (
 from zllm.dialects.string_values import escape_slashes, min_length, raw_string_terminal
 
 
-def build_fence_grammar(spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
+def fence_grammar(spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
+    """The grammar for one request, None when nothing is constrained (every family's grammar.py has this function)."""
     if not spec.constrains:
         return None
     lark = _LarkWriter(markup)

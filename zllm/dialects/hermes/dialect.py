@@ -18,6 +18,7 @@ round trips hold with built-in ChatML or a plain ChatML template, not through th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from zllm.canonical import FunctionTool, Message
 from zllm.dialects.base import (
@@ -30,7 +31,7 @@ from zllm.dialects.base import (
     StreamParser,
 )
 from zllm.dialects.hermes.format import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN
-from zllm.dialects.hermes.grammar import hermes_fence_grammar
+from zllm.dialects.hermes.grammar import fence_grammar
 from zllm.dialects.hermes.parse import HermesParser
 from zllm.dialects.hermes.render import chatml, plain_messages
 
@@ -55,7 +56,7 @@ class HermesJson(Dialect):
         return HermesParser(thinking=False, new_call_id=new_call_id)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return hermes_fence_grammar(spec, markup, thinking=False)
+        return fence_grammar(replace(spec, thinking=False), markup)  # no reasoning block in this family
 
     def _reasoning_block(self, conversation: Conversation) -> Callable[[int, Message], str]:
         return lambda index, message: ""  # no reasoning in the prompt
@@ -80,7 +81,7 @@ class Qwen3Hermes(HermesJson):
         return HermesParser(thinking=thinking, new_call_id=new_call_id)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return hermes_fence_grammar(spec, markup, thinking=spec.thinking)
+        return fence_grammar(spec, markup)
 
     def _reasoning_block(self, conversation: Conversation) -> Callable[[int, Message], str]:
         last_user = max((i for i, m in enumerate(conversation.messages) if m.role == "user"), default=-1)

@@ -51,9 +51,12 @@ CALLS_RULE = 'calls: call ("\\n" call)*'
 REASONING_RULE = "REASONING: " + ANY + r" & ~/(?s:.*)<\/think>(?s:.*)/"
 
 
-def hermes_fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, thinking: bool) -> FenceGrammar | None:
+def fence_grammar(spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
+    """The grammar for one request, None when nothing is constrained (every family's grammar.py has this
+    function); with `spec.thinking` the output may open with a reasoning block."""
     if not spec.constrains:
         return None
+    thinking = spec.thinking
     tools = callable_tools(spec)
     lines = ["%llguidance {}", "start: think? answer" if thinking else "start: answer"]
     if thinking:
