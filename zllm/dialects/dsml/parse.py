@@ -48,7 +48,10 @@ from zllm.dialects.dsml.format import (
 from zllm.dialects.scan import TagScanner
 
 
-class State(Enum):
+class _State(Enum):
+    """Where the parser is in the markup; each state has its own tags and two handlers, `_text_in_<state>`
+    for the text before a tag and `_tag_in_<state>` for the tag."""
+
     REASONING = auto()
     CONTENT = auto()
     BLOCK = auto()          # inside a block, between invokes
@@ -85,15 +88,15 @@ def _tags_of(*kinds: Kind, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(tag for tag, kind in _KIND.items() if kind in kinds and tag not in ('">', ">")) + extra
 
 
-_TAGS: dict[State, tuple[str, ...]] = {
-    State.REASONING: _tags_of(Kind.THINK_OPEN, Kind.THINK_CLOSE, Kind.BLOCK_OPEN),
-    State.CONTENT: _tags_of(Kind.THINK_OPEN, Kind.THINK_CLOSE, Kind.BLOCK_OPEN, Kind.BLOCK_CLOSE,
+_TAGS: dict[_State, tuple[str, ...]] = {
+    _State.REASONING: _tags_of(Kind.THINK_OPEN, Kind.THINK_CLOSE, Kind.BLOCK_OPEN),
+    _State.CONTENT: _tags_of(Kind.THINK_OPEN, Kind.THINK_CLOSE, Kind.BLOCK_OPEN, Kind.BLOCK_CLOSE,
                             Kind.INVOKE_CLOSE, Kind.PARAM_CLOSE),
-    State.BLOCK: _tags_of(Kind.INVOKE_OPEN, Kind.BLOCK_CLOSE),
-    State.INVOKE_NAME: ('">',),
-    State.INVOKE_BODY: _tags_of(Kind.PARAM_OPEN, Kind.INVOKE_CLOSE, Kind.INVOKE_OPEN, Kind.BLOCK_CLOSE),
-    State.PARAM_HEAD: (">",),
-    State.PARAM_VALUE: _tags_of(Kind.PARAM_CLOSE, Kind.INVOKE_CLOSE),
+    _State.BLOCK: _tags_of(Kind.INVOKE_OPEN, Kind.BLOCK_CLOSE),
+    _State.INVOKE_NAME: ('">',),
+    _State.INVOKE_BODY: _tags_of(Kind.PARAM_OPEN, Kind.INVOKE_CLOSE, Kind.INVOKE_OPEN, Kind.BLOCK_CLOSE),
+    _State.PARAM_HEAD: (">",),
+    _State.PARAM_VALUE: _tags_of(Kind.PARAM_CLOSE, Kind.INVOKE_CLOSE),
 }
 _PARAM_HEAD = re.compile(r'([^"]*)"(?:\s+string="(true|false)")?\s*')
 
@@ -102,7 +105,19 @@ class DsmlStreamParser(StreamParser):
     def __init__(self, tools: tuple[FunctionTool, ...], *, thinking: bool, new_call_id: Callable[[], str]):
         self._schemas = {tool.name: tool.parameters for tool in tools}
         self._new_call_id = new_call_id
-        self._state = State.REASONING if thinking else State.CONTENT
+        self._state = _State.REASONING if thinking else _State.CONTENT
+        self._text_handlers: dict[_State, Callable[[str, list], str]] = {
+            _State.REASONING: self._text_in_reasoning, _State.CONTENT: self._text_in_content,
+            _State.BLOCK: self._text_in_block, _State.INVOKE_NAME: self._text_in_invoke_name,
+            _State.INVOKE_BODY: self._text_in_invoke_body, _State.PARAM_HEAD: self._text_in_param_head,
+            _State.PARAM_VALUE: self._text_in_param_value,
+        }
+        self._tag_handlers: dict[_State, Callable[[str, Kind, list], None]] = {
+            _State.REASONING: self._tag_in_reasoning, _State.CONTENT: self._tag_in_content,
+            _State.BLOCK: self._tag_in_block, _State.INVOKE_NAME: self._tag_in_invoke_name,
+            _State.INVOKE_BODY: self._tag_in_invoke_body, _State.PARAM_HEAD: self._tag_in_param_head,
+            _State.PARAM_VALUE: self._tag_in_param_value,
+        }
         self._scanner = TagScanner(_TAGS[self._state])
         self._at_start = True      # nothing read yet (a leading `<think>` is a slip, not text)
         self._raw = ""             # markup read since the last committed event: given back as text if it fails
@@ -164,7 +179,7 @@ class DsmlStreamParser(StreamParser):
         self._scanner.tags = _TAGS[self._state]
         return (rest + held) or None
 
-    def _enter(self, state: State) -> None:
+    def _enter(self, state: _State) -> None:
         self._state = state
 
     # ---------------------------------------------------------------------------------------------- text
@@ -172,23 +187,37 @@ class DsmlStreamParser(StreamParser):
     def _on_text(self, text: str, events: list) -> str:
         """Handle text read in the current state; return the part left unread when the state changed on the
         way (it is rescanned with the new state's tags)."""
-        state, rest = self._state, ""
-        if state is State.REASONING:
-            events.append(ReasoningDelta(text))
-        elif state is State.CONTENT:
-            events.append(TextDelta(text))
-        elif state is State.BLOCK and self._block_calls == 0:
-            rest = self._until_bad(text, lambda c: not c.isspace(), events, self._give_back)
-        elif state is State.BLOCK or state is State.INVOKE_BODY:
-            self._stray += text
-        elif state is State.INVOKE_NAME:
-            rest = self._until_bad(text, lambda c: c in '<>\n', events, self._give_back)
-        elif state is State.PARAM_HEAD:
-            rest = self._until_bad(text, lambda c: c in '<\n', events, self._drop_param)
-        else:
-            self._value += text
+        rest = self._text_handlers[self._state](text, events)
         self._at_start = False
         return rest
+
+    def _text_in_reasoning(self, text: str, events: list) -> str:
+        events.append(ReasoningDelta(text))
+        return ""
+
+    def _text_in_content(self, text: str, events: list) -> str:
+        events.append(TextDelta(text))
+        return ""
+
+    def _text_in_block(self, text: str, events: list) -> str:
+        if self._block_calls == 0:  # before its first call, a block holds only layout
+            return self._until_bad(text, lambda c: not c.isspace(), events, self._give_back)
+        self._stray += text
+        return ""
+
+    def _text_in_invoke_name(self, text: str, events: list) -> str:
+        return self._until_bad(text, lambda c: c in '<>\n', events, self._give_back)
+
+    def _text_in_invoke_body(self, text: str, events: list) -> str:
+        self._stray += text
+        return ""
+
+    def _text_in_param_head(self, text: str, events: list) -> str:
+        return self._until_bad(text, lambda c: c in '<\n', events, self._drop_param)
+
+    def _text_in_param_value(self, text: str, events: list) -> str:
+        self._value += text
+        return ""
 
     def _until_bad(self, text: str, bad: Callable[[str], bool], events: list, fail: Callable[[list], None]) -> str:
         """Markup text up to its first character that cannot be there; at that character the markup failed:
@@ -212,77 +241,75 @@ class DsmlStreamParser(StreamParser):
         """A block or invoke tag that did not lead to a call: its text is content after all."""
         events.append(TextDelta(self._raw))
         self._raw = ""
-        self._enter(State.BLOCK if self._block_calls else State.CONTENT)
+        self._enter(_State.BLOCK if self._block_calls else _State.CONTENT)
 
     def _drop_param(self, events: list) -> None:
         events.append(TextDelta(self._raw))
         self._raw = ""
-        self._enter(State.INVOKE_BODY)
+        self._enter(_State.INVOKE_BODY)
 
     # ---------------------------------------------------------------------------------------------- tags
 
     def _on_tag(self, tag: str, events: list) -> None:
-        kind, state = _KIND[tag], self._state
         self._flush_stray(events)
-        if state is State.REASONING:
-            self._reasoning_tag(tag, kind, events)
-        elif state is State.CONTENT:
-            self._content_tag(tag, kind, events)
-        elif state is State.BLOCK:
-            self._raw += tag
-            if kind is Kind.INVOKE_OPEN:
-                self._enter(State.INVOKE_NAME)
-            else:
-                self._end_block()
-        elif state is State.INVOKE_NAME:
-            self._start_call(tag, events)
-        elif state is State.INVOKE_BODY:
-            self._body_tag(tag, kind, events)
-        elif state is State.PARAM_HEAD:
-            self._param_header(events)
-        else:
-            self._end_param(events)
-            if kind is Kind.INVOKE_CLOSE:
-                self._end_call(events, closed=True)
+        self._tag_handlers[self._state](tag, _KIND[tag], events)
         self._at_start = False
 
-    def _reasoning_tag(self, tag: str, kind: Kind, events: list) -> None:
+    def _tag_in_reasoning(self, tag: str, kind: Kind, events: list) -> None:
         if kind is Kind.THINK_CLOSE:
-            self._enter(State.CONTENT)
+            self._enter(_State.CONTENT)
         elif kind is Kind.BLOCK_OPEN:  # the model forgot `</think>`: the call block still counts
             self._open_block(tag)
         elif not self._at_start:
             events.append(ReasoningDelta(tag))
 
-    def _content_tag(self, tag: str, kind: Kind, events: list) -> None:
+    def _tag_in_content(self, tag: str, kind: Kind, events: list) -> None:
         if kind is Kind.BLOCK_OPEN:
             self._open_block(tag)
         elif kind is Kind.THINK_OPEN and self._at_start:
-            self._enter(State.REASONING)
+            self._enter(_State.REASONING)
         elif kind is Kind.THINK_OPEN:
             events.append(TextDelta(tag))
         # a stray `</think>` or DSML closer in content is dropped
 
-    def _open_block(self, tag: str) -> None:
-        self._raw, self._block_calls = tag, 0
-        self._enter(State.BLOCK)
+    def _tag_in_block(self, tag: str, kind: Kind, events: list) -> None:
+        self._raw += tag
+        if kind is Kind.INVOKE_OPEN:
+            self._enter(_State.INVOKE_NAME)
+        else:
+            self._end_block()
 
-    def _end_block(self) -> None:
-        self._raw = ""
-        self._enter(State.CONTENT)
+    def _tag_in_invoke_name(self, tag: str, kind: Kind, events: list) -> None:
+        self._start_call(tag, events)  # `">` ends the name
 
-    def _body_tag(self, tag: str, kind: Kind, events: list) -> None:
+    def _tag_in_invoke_body(self, tag: str, kind: Kind, events: list) -> None:
         if kind is Kind.PARAM_OPEN:
             self._raw = tag
-            self._enter(State.PARAM_HEAD)
+            self._enter(_State.PARAM_HEAD)
             return
         # a next invoke or the block's end also ends this call: the model is done with it
         self._end_call(events, closed=True)
         if kind is Kind.INVOKE_OPEN:  # the previous invoke was not closed
             self._raw = tag
-            self._enter(State.INVOKE_NAME)
+            self._enter(_State.INVOKE_NAME)
         elif kind is Kind.BLOCK_CLOSE:
             self._end_block()
+
+    def _tag_in_param_head(self, tag: str, kind: Kind, events: list) -> None:
+        self._param_header(events)  # `>` ends the header
+
+    def _tag_in_param_value(self, tag: str, kind: Kind, events: list) -> None:
+        self._end_param(events)
+        if kind is Kind.INVOKE_CLOSE:  # the parameter's closer was left out
+            self._end_call(events, closed=True)
+
+    def _open_block(self, tag: str) -> None:
+        self._raw, self._block_calls = tag, 0
+        self._enter(_State.BLOCK)
+
+    def _end_block(self) -> None:
+        self._raw = ""
+        self._enter(_State.CONTENT)
 
     # --------------------------------------------------------------------------------------------- calls
 
@@ -298,7 +325,7 @@ class DsmlStreamParser(StreamParser):
         self._block_calls += 1
         self._raw = ""
         events.append(ToolCallStart(index, self._new_call_id(), name))
-        self._enter(State.INVOKE_BODY)
+        self._enter(_State.INVOKE_BODY)
 
     def _param_header(self, events: list) -> None:
         match = _PARAM_HEAD.fullmatch(self._raw[self._raw.rindex('name="') + len('name="'):])
@@ -308,14 +335,14 @@ class DsmlStreamParser(StreamParser):
             return
         string_attr = None if match.group(2) is None else match.group(2) == "true"
         self._param, self._value, self._raw = (match.group(1), string_attr), "", ""
-        self._enter(State.PARAM_VALUE)
+        self._enter(_State.PARAM_VALUE)
 
     def _end_param(self, events: list) -> None:
         name, string_attr = self._param
         fragment = self._call.add(name, decode_value(self._value, string_attr, self._call.schema_of(name)))
         events.append(ToolCallArgsDelta(self._call.index, fragment))
         self._param, self._value = None, ""
-        self._enter(State.INVOKE_BODY)
+        self._enter(_State.INVOKE_BODY)
 
     def _end_call(self, events: list, *, closed: bool) -> None:
         call, self._call = self._call, None
@@ -323,13 +350,15 @@ class DsmlStreamParser(StreamParser):
         events.append(ToolCallEnd(call.index, call.arguments))
         self._calls_completed += int(closed)
         self._raw = ""
-        self._enter(State.BLOCK)
+        self._enter(_State.BLOCK)
 
     def _close_at_end(self, events: list) -> None:
         state = self._state
-        if state in (State.BLOCK, State.INVOKE_NAME) and self._raw and not (state is State.BLOCK and self._block_calls):
+        # a block or invoke tag that never led to a call is text after all
+        unfinished = state is _State.INVOKE_NAME or (state is _State.BLOCK and not self._block_calls)
+        if unfinished and self._raw:
             events.append(TextDelta(self._raw))
-        elif state is State.PARAM_VALUE:
+        elif state is _State.PARAM_VALUE:
             self._end_param(events)
         if self._call is not None:
             self._end_call(events, closed=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, auto
 
 from zllm.canonical import (
     Event,
@@ -41,13 +41,15 @@ _NAME_LIMIT = 128  # a "name line" longer than this is prose that happened to fo
 
 
 class _State(Enum):
-    TEXT = "text"
-    REASONING = "reasoning"
-    NAME = "name"  # after <tool_call>, until the name line ends
-    BETWEEN = "between"  # inside a call, expecting <arg_key> or </tool_call>
-    KEY = "key"  # after <arg_key>
-    AFTER_KEY = "after_key"  # after </arg_key>, expecting <arg_value>
-    VALUE = "value"  # after <arg_value>
+    """Where the parser is in the markup; each state has one handler, `_in_<state>`, and its own tags."""
+
+    TEXT = auto()
+    REASONING = auto()
+    NAME = auto()  # after <tool_call>, until the name line ends
+    BETWEEN = auto()  # inside a call, expecting <arg_key> or </tool_call>
+    KEY = auto()  # after <arg_key>
+    AFTER_KEY = auto()  # after </arg_key>, expecting <arg_value>
+    VALUE = auto()  # after <arg_value>
 
 
 _TAGS: dict[_State, tuple[str, ...]] = {
@@ -86,6 +88,11 @@ class GlmXmlParser(StreamParser):
         self._tools = {tool.name: tool for tool in tools}
         self._new_call_id = new_call_id
         self._state = _State.TEXT
+        self._handlers: dict[_State, Callable[[str, str | None, str | None], str]] = {
+            _State.TEXT: self._in_text, _State.REASONING: self._in_reasoning, _State.NAME: self._in_name,
+            _State.BETWEEN: self._in_between, _State.KEY: self._in_key, _State.AFTER_KEY: self._in_after_key,
+            _State.VALUE: self._in_value,
+        }
         self._scanner = TagScanner(_TAGS[_State.TEXT])
         self._events: list[Event] = []
         self._skip_newline = True  # the separator GLM writes after `<|assistant|>` and after `</think>`
@@ -141,12 +148,7 @@ class GlmXmlParser(StreamParser):
 
     def _handle(self, text: str, tag: str | None) -> str:
         canonical = SLIPS.get(tag, tag) if tag is not None else None
-        handler = {
-            _State.TEXT: self._in_text, _State.REASONING: self._in_reasoning, _State.NAME: self._in_name,
-            _State.BETWEEN: self._in_between, _State.KEY: self._in_key, _State.AFTER_KEY: self._in_after_key,
-            _State.VALUE: self._in_value,
-        }[self._state]
-        return handler(text, tag, canonical)
+        return self._handlers[self._state](text, tag, canonical)
 
     def _go(self, state: _State) -> None:
         self._state = state

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from enum import Enum, auto
 
 WHITESPACE = " \t\n\r"
 _ESCAPES = '"\\/bfnrtu'
@@ -23,6 +25,23 @@ _HEX = "0123456789abcdefABCDEF"
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
 _NUMBER_CHARS = "0123456789+-.eE"
 _LITERALS = ("true", "false", "null")
+
+
+class _State(Enum):
+    """Where the cursor is in the JSON text; each state has one handler, `_in_<state>`."""
+
+    VALUE = auto()  # a value may start
+    FIRST_ITEM = auto()  # after `[`: a value or `]`
+    AFTER_VALUE = auto()  # `,` or the container's closer
+    DONE = auto()  # the top-level object closed: only whitespace
+    FIRST_KEY = auto()  # after `{`: a key or `}`
+    KEY = auto()  # after `,` in an object: a key
+    COLON = auto()  # after a key
+    STRING = auto()
+    ESCAPE = auto()  # after `\` in a string
+    UNICODE = auto()  # inside `\uXXXX`
+    NUMBER = auto()
+    LITERAL = auto()  # true / false / null
 
 
 class JsonCursor:
@@ -39,7 +58,14 @@ class JsonCursor:
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # open containers, "{" or "["
-        self.state = "value"
+        self._state = _State.VALUE
+        self._handlers: dict[_State, Callable[[str], bool]] = {
+            _State.VALUE: self._in_value, _State.FIRST_ITEM: self._in_first_item,
+            _State.AFTER_VALUE: self._in_after_value, _State.DONE: self._in_done, _State.FIRST_KEY: self._in_first_key,
+            _State.KEY: self._in_key, _State.COLON: self._in_colon, _State.STRING: self._in_string,
+            _State.ESCAPE: self._in_escape, _State.UNICODE: self._in_unicode, _State.NUMBER: self._in_number,
+            _State.LITERAL: self._in_literal,
+        }
         self.error = False
         self.done = False
         self._string_is_key = False
@@ -55,7 +81,7 @@ class JsonCursor:
         self._clear_flags()
         if self.error:
             return
-        if not getattr(self, f"_in_{self.state}")(ch):
+        if not self._handlers[self._state](ch):
             self.error = True
 
     # ---------------------------------------------------------------------------------------- values
@@ -71,16 +97,16 @@ class JsonCursor:
             self.member_started = True
         if ch in "{[":
             self.stack.append(ch)
-            self.state = "first_key" if ch == "{" else "first_item"
+            self._state = _State.FIRST_KEY if ch == "{" else _State.FIRST_ITEM
             return True
         if ch == '"':
-            self._string_is_key, self.state = False, "string"
+            self._string_is_key, self._state = False, _State.STRING
             return True
         if ch in _NUMBER_CHARS and ch not in "+.eE":
-            self._token, self.state = ch, "number"
+            self._token, self._state = ch, _State.NUMBER
             return True
         if any(word.startswith(ch) for word in _LITERALS):
-            self._token, self.state = ch, "literal"
+            self._token, self._state = ch, _State.LITERAL
             return True
         return False
 
@@ -89,13 +115,13 @@ class JsonCursor:
 
     def _value_ended(self) -> None:
         """A value just ended (its last character was the current one, or the one before)."""
-        self.state = "after_value" if self.stack else "done"
+        self._state = _State.AFTER_VALUE if self.stack else _State.DONE
 
     def _in_after_value(self, ch: str) -> bool:
         if ch in WHITESPACE:
             return True
         if ch == ",":
-            self.state = "key" if self.stack[-1] == "{" else "value"
+            self._state = _State.KEY if self.stack[-1] == "{" else _State.VALUE
             return True
         return self._close(ch)
 
@@ -124,7 +150,7 @@ class JsonCursor:
             return True
         if ch != '"':
             return False
-        self._string_is_key, self._token, self.state = True, '"', "string"
+        self._string_is_key, self._token, self._state = True, '"', _State.STRING
         return True
 
     def _in_colon(self, ch: str) -> bool:
@@ -132,7 +158,7 @@ class JsonCursor:
             return True
         if ch != ":":
             return False
-        self.state = "value"
+        self._state = _State.VALUE
         return True
 
     # --------------------------------------------------------------------------------------- strings
@@ -141,7 +167,7 @@ class JsonCursor:
         if self._string_is_key:
             self._token += ch
         if ch == "\\":
-            self.state = "escape"
+            self._state = _State.ESCAPE
         elif ch == '"':
             self._string_ended()
         return True
@@ -150,7 +176,7 @@ class JsonCursor:
         if self._string_is_key:
             if len(self.stack) == 1:
                 self.key = json.loads(self._token, strict=False)
-            self.state = "colon"
+            self._state = _State.COLON
             return
         if len(self.stack) == 1:
             self.member_ended_with = True
@@ -162,9 +188,9 @@ class JsonCursor:
         if ch not in _ESCAPES:
             return False
         if ch == "u":
-            self._hex_left, self.state = 4, "unicode"
+            self._hex_left, self._state = 4, _State.UNICODE
         else:
-            self.state = "string"
+            self._state = _State.STRING
         return True
 
     def _in_unicode(self, ch: str) -> bool:
@@ -174,7 +200,7 @@ class JsonCursor:
             return False
         self._hex_left -= 1
         if not self._hex_left:
-            self.state = "string"
+            self._state = _State.STRING
         return True
 
     # ------------------------------------------------------------------------------ numbers, literals

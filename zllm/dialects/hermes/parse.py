@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum, auto
 
 from zllm.canonical import (
     Event,
@@ -52,6 +53,19 @@ TEXT_TAGS = tuple("\n" + tag for tag in CALL_OPENERS) + CALL_OPENERS + CALL_CLOS
 REASONING_TAGS = ("\n" + THINK_CLOSE, THINK_CLOSE)
 # what follows a value that broke inside `arguments`: the object's own closing brace and framing whitespace
 _OUTER_CLOSE = re.compile(r"(\s*\})?\s*\Z")
+
+
+class _State(Enum):
+    """Where the parser is in the output; each state has one handler, `_in_<state>`, which reads a piece of
+    text and returns what it left unread (read again in the state it moved to)."""
+
+    START = auto()  # thinking: the output may still open with <think>
+    REASONING = auto()  # inside <think>, until </think>
+    AFTER_THINK = auto()  # the up to two "\n" after </think>
+    TEXT = auto()
+    CALL = auto()  # after <tool_call>: the JSON body, one character at a time
+    RAW = auto()  # a malformed call: text up to and including its closer
+    BROKEN_ARGS = auto()  # the arguments stopped being JSON: raw arguments up to the closer
 
 
 @dataclass
@@ -97,8 +111,13 @@ class _OpenCall:
 class HermesParser(StreamParser):
     def __init__(self, *, thinking: bool, new_call_id: Callable[[], str]):
         self._new_call_id = new_call_id
-        self._mode = "start" if thinking else "text"
-        self._scanner = TagScanner(TEXT_TAGS)  # one scanner; its tags follow the mode, held text is empty then
+        self._state = _State.START if thinking else _State.TEXT
+        self._handlers: dict[_State, Callable[[str], str]] = {
+            _State.START: self._in_start, _State.REASONING: self._in_reasoning,
+            _State.AFTER_THINK: self._in_after_think, _State.TEXT: self._in_text, _State.CALL: self._in_call,
+            _State.RAW: self._in_raw, _State.BROKEN_ARGS: self._in_broken_args,
+        }
+        self._scanner = TagScanner(TEXT_TAGS)  # one scanner; its tags follow the state, held text is empty then
         self._events: list[Event] = []
         self._start = ""  # output so far while it might still open with <think>
         self._reasoning_fresh = True  # the "\n" right after <think> is framing
@@ -115,59 +134,59 @@ class HermesParser(StreamParser):
 
     def feed(self, text: str) -> list[Event]:
         while text:
-            text = getattr(self, f"_feed_{self._mode}")(text)
+            text = self._handlers[self._state](text)
         self._flush_arguments()
         return self._take_events()
 
     def finish(self) -> list[Event]:
         held = self._start + "".join(piece.text for piece in self._scanner.flush())
         self._start = ""
-        if self._mode in ("start", "text", "raw"):
+        if self._state in (_State.START, _State.TEXT, _State.RAW):
             self._text(held)
-        elif self._mode == "reasoning":
+        elif self._state is _State.REASONING:
             self._reasoning(held)
-        elif self._mode == "broken_args":
+        elif self._state is _State.BROKEN_ARGS:
             self._call.args_raw += held
             self._end_call(counted=False)
-        elif self._mode == "call":
+        elif self._state is _State.CALL:
             if self._call.name is None:
                 self._text(self._call.opener + self._call.body)
                 self._call = None
             else:
                 self._end_call(counted=False)
-        self._mode = "text"
+        self._state = _State.TEXT
         return self._take_events()
 
-    # ---------------------------------------------------------------------------------- modes
+    # ---------------------------------------------------------------------------------- states
 
-    def _feed_start(self, text: str) -> str:
+    def _in_start(self, text: str) -> str:
         self._start += text
         if THINK_OPEN.startswith(self._start) and self._start != THINK_OPEN:
             return ""  # might still become <think>
         start, self._start = self._start, ""
         if start.startswith(THINK_OPEN):
-            self._mode = "reasoning"
+            self._state = _State.REASONING
             return start[len(THINK_OPEN):]
-        self._mode = "text"
+        self._state = _State.TEXT
         return start
 
-    def _feed_reasoning(self, text: str) -> str:
+    def _in_reasoning(self, text: str) -> str:
         before, tag, rest = self._scan(REASONING_TAGS, text)
         self._reasoning(before)
         if tag is not None:
-            self._mode = "after_think"
+            self._state = _State.AFTER_THINK
         return rest
 
-    def _feed_after_think(self, text: str) -> str:
+    def _in_after_think(self, text: str) -> str:
         at = 0
         while at < len(text) and text[at] == "\n" and self._newlines_after_think < 2:
             at += 1
             self._newlines_after_think += 1
         if at < len(text) or self._newlines_after_think == 2:
-            self._mode = "text"
+            self._state = _State.TEXT
         return text[at:]
 
-    def _feed_text(self, text: str) -> str:
+    def _in_text(self, text: str) -> str:
         before, tag, rest = self._scan(TEXT_TAGS, text)
         self._text(before)
         if tag is None:
@@ -179,10 +198,10 @@ class HermesParser(StreamParser):
             self._text("\n")  # nothing before it: not a separator
             tag = tag[1:]
         self._call = _OpenCall(opener=tag)
-        self._mode = "call"
+        self._state = _State.CALL
         return rest
 
-    def _feed_call(self, text: str) -> str:
+    def _in_call(self, text: str) -> str:
         call = self._call
         for at, ch in enumerate(text):
             cursor = call.cursor
@@ -202,20 +221,20 @@ class HermesParser(StreamParser):
                 return self._call_closed(text[at + 1:])
         return ""
 
-    def _feed_raw(self, text: str) -> str:
+    def _in_raw(self, text: str) -> str:
         """A malformed call: text, up to and including its closer."""
         before, tag, rest = self._scan(CALL_CLOSERS, text)
         self._text(before + (tag or ""))
         if tag is not None:
-            self._mode = "text"
+            self._state = _State.TEXT
         return rest
 
-    def _feed_broken_args(self, text: str) -> str:
+    def _in_broken_args(self, text: str) -> str:
         before, tag, rest = self._scan(CALL_CLOSERS, text)
         self._call.args_raw += before
         if tag is not None:
             self._end_call(counted=True)
-            self._mode = "text"
+            self._state = _State.TEXT
         return rest
 
     # ---------------------------------------------------------------------------------- calls
@@ -259,7 +278,7 @@ class HermesParser(StreamParser):
         if self._call.name is None:  # a JSON object, but no tool name in it
             return self._malformed(rest)
         self._end_call(counted=True)
-        self._mode, self._drop_leading_ws = "text", True
+        self._state, self._drop_leading_ws = _State.TEXT, True
         return rest
 
     def _call_broke(self, rest: str) -> str:
@@ -269,16 +288,16 @@ class HermesParser(StreamParser):
             return self._malformed(rest)
         if call.member == "arguments":
             call.broken_at = len(call.args_raw)
-            self._mode = "broken_args"
+            self._state = _State.BROKEN_ARGS
             return rest
         self._end_call(counted=True)
-        self._mode = "text"
+        self._state = _State.TEXT
         return rest
 
     def _malformed(self, rest: str) -> str:
         self._text(self._call.opener + self._call.body)
         self._call = None
-        self._mode = "raw"
+        self._state = _State.RAW
         return rest
 
     def _end_call(self, *, counted: bool) -> None:
