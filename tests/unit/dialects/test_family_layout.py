@@ -50,3 +50,24 @@ def test_each_registered_dialect_lives_in_its_family_dialect_module(name: str) -
     assert isinstance(dialect, Dialect)
     assert dialect.fence_grammar(FenceSpec(), MarkupTokens()) is None  # nothing to constrain
     assert isinstance(dialect.parser((), thinking=False, new_call_id=lambda: "call_0"), StreamParser)
+
+
+def _state_machines() -> list[tuple[str, object]]:
+    from zllm.dialects.hermes.json_cursor import JsonCursor
+
+    machines = [("JsonCursor", JsonCursor())]
+    for name in NAMES:
+        machines.append((name, dialect_named(name).parser((), thinking=True, new_call_id=lambda: "call_0")))
+    return machines
+
+
+@pytest.mark.parametrize(("name", "machine"), _state_machines())
+def test_each_state_machine_has_one_handler_per_state(name: str, machine: object) -> None:
+    """Every parser (and the Hermes JSON cursor) is a private `_State` enum with handler tables built once; a
+    state added without its handler fails here, not on the one output that reaches it."""
+    states = set(importlib.import_module(type(machine).__module__)._State)
+    tables = {attr: table for attr, table in vars(machine).items() if attr.endswith("_handlers")}
+    assert tables, f"{name} dispatches without a handler table"
+    for attr, table in tables.items():
+        assert set(table) == states, f"{name}.{attr} misses {states - set(table)}"
+        assert all(callable(handler) for handler in table.values())
