@@ -24,9 +24,6 @@ from zllm.private_files import open_private, private_dir, set_private_umask, tig
 
 log = logging.getLogger("zllm.daemon")
 
-# in-flight requests get this long to finish after SIGINT/SIGTERM before they are aborted
-SHUTDOWN_GRACE_S = 5.0
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -173,7 +170,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             control.phase = "stopping"
             log.info("shutting down")
         finally:
-            await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
+            await runner.cleanup()  # stops listening, lets handlers finish (api.app's grace), cancels the rest → aborts
     finally:
         control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
