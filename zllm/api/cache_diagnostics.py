@@ -161,8 +161,9 @@ def responses_diagnostics(diagnosis: CacheDiagnosis, options_changed: tuple[str,
         return {"type": "comparison_response_not_found", **extra}
     if diagnosis.reason == "unavailable":
         return {"type": "unavailable", **extra}
-    return {"type": "cache_miss", "reason": _responses_reason(diagnosis), "cache_missed_tokens": diagnosis.missed_tokens,
-            "comparison_reusable_tokens": diagnosis.reusable_tokens, **extra}
+    return {"type": "cache_miss", "reason": _responses_reason(diagnosis),
+            "cache_missed_tokens": diagnosis.missed_tokens, "comparison_reusable_tokens": diagnosis.reusable_tokens,
+            **extra}
 
 
 def _responses_reason(diagnosis: CacheDiagnosis) -> str:

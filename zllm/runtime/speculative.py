@@ -290,14 +290,6 @@ class SpeculativeStep:
         stats.emitted += 1 + accepted
 
 
-def can_speculate(cache) -> bool:
-    """Whether rejected drafts can be cropped out of this torch cache (full-attention layers only); the loop
-    asks its engine (`Engine.can_crop`)."""
-    from zllm.engine.kv_layers import croppable
-
-    return croppable(cache)
-
-
 def _through_first_stop(draft: list[int], stop_token_ids: frozenset[int]) -> list[int]:
     """Nothing after a stop token is ever emitted: drafting past one only wastes the forward."""
     for position, token_id in enumerate(draft):
