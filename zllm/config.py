@@ -68,7 +68,7 @@ class Settings:
     model: str = DEFAULT_MODEL
     # "auto" = cuda when present, else cpu
     device: str = "auto"
-    # "auto" = bfloat16 on cuda, float32 on cpu (bf16 is ~5x slower on AVX2 CPUs)
+    # "auto" = bfloat16 on cuda, float32 on cpu (bf16 is much slower on AVX2 CPUs: design/PERF.md)
     dtype: str = "auto"
     # torch intra-op threads, or llama.cpp's; 0 = the backend's default
     threads: int = 0

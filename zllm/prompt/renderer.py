@@ -74,7 +74,7 @@ class PromptRenderer:
 
     @cached_property
     def length_bound(self) -> LengthBound | None:
-        """Read off the vocabulary once (a 150K vocabulary takes ~0.1 s), on the first request that needs it."""
+        """Read off the vocabulary once (it walks every token), on the first request that needs it."""
         return LengthBound.of(self.tokenizer)
 
     def _refuse_hopeless(self, text: str, window: int) -> None:

@@ -11,12 +11,11 @@ clone (the real state does not move); the engine loop then feeds the accepted to
 by one, as it does every token. Batched rows share a forward and are sampled one by one, each within its own
 fence.
 
-Compiling a grammar (10 ms for 30 tool schemas) is cached: a fresh template matcher per grammar text is kept
-in a small LRU and each request gets a `deep_copy` of it (µs), which also shares the template's lexer
-warm-up. Per token on CPU (bench/fence.py, SmolLM2's 49K vocabulary): llguidance's mask ~65 µs median inside
-a JSON string, applying it ~60-150 µs, advancing ~15 µs — under 1% of a decode step, so the mask is computed
-inline rather than on a worker thread overlapping the forward pass (llguidance releases the GIL, so that
-remains an option where a step is much shorter, e.g. on a GPU).
+Compiling a grammar costs far more than copying one, so it is cached: a fresh template matcher per grammar
+text is kept in a small LRU and each request gets a `deep_copy` of it, which also shares the template's lexer
+warm-up. Per token, computing, applying and advancing the mask is a small share of a CPU decode step
+(bench/fence.py), so the mask is computed inline rather than on a worker thread overlapping the forward pass
+(llguidance releases the GIL, so that remains an option where a step is much shorter, e.g. on a GPU).
 """
 
 from __future__ import annotations
