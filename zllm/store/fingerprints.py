@@ -94,10 +94,6 @@ class CacheDiagnosis:
     request_after: str = ""  # ... and of this one
     at: float = field(default_factory=time.time)
 
-    @property
-    def missed(self) -> bool:
-        return self.reason not in (None, "not_found", "unavailable")
-
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
         data["busters"] = list(self.busters)
