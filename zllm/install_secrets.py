@@ -60,9 +60,11 @@ def _load_or_create_root(path: Path) -> bytes:
     except FileNotFoundError:
         return _create_root(path)
     if len(root) != ROOT_BYTES:
-        raise StoreError(f"{path} is not a zllm install secret ({len(root)} bytes, expected {ROOT_BYTES})",
-                         hint="delete it to make a new one (the SSD cache then starts cold, stored responses "
-                              "and compaction items made with the old one stop opening)")
+        raise StoreError(
+            f"{path} is not a zllm install secret ({len(root)} bytes, expected {ROOT_BYTES})",
+            hint="delete it to make a new one (the SSD cache then starts cold, stored responses "
+            "and compaction items made with the old one stop opening)",
+        )
     return root
 
 
@@ -97,6 +99,8 @@ def _legacy_compaction(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     if len(key) != ROOT_BYTES:
-        raise StoreError(f"{path} is not a zllm install key ({len(key)} bytes, expected {ROOT_BYTES})",
-                         hint="delete it to make a new one (compaction items signed with the old key stop opening)")
+        raise StoreError(
+            f"{path} is not a zllm install key ({len(key)} bytes, expected {ROOT_BYTES})",
+            hint="delete it to make a new one (compaction items signed with the old key stop opening)",
+        )
     return key
