@@ -68,7 +68,7 @@ class Settings:
     model: str = DEFAULT_MODEL
     # "auto" = cuda when present, else cpu
     device: str = "auto"
-    # "auto" = bfloat16 on cuda, float32 on cpu (bf16 is ~5x slower on AVX2 CPUs)
+    # "auto" = bfloat16 on cuda, float32 on cpu (bf16 is much slower on AVX2 CPUs: design/PERF.md)
     dtype: str = "auto"
     # torch intra-op threads, or llama.cpp's; 0 = the backend's default
     threads: int = 0
@@ -132,7 +132,8 @@ class Settings:
 
     @property
     def ssd_cache_dir(self) -> Path:
-        """The SSD tier's snapshots and index (runtime/prefix.py's KV_SUBDIR)."""
+        """The SSD tier's snapshots and index: the one place that names the directory (the prefix cache's
+        config, the daemon's start-up tightening)."""
         return self.cache_dir / "kv"
 
     @property
@@ -256,7 +257,8 @@ def read_config_file(path: Path) -> dict[str, object]:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file, or point ZLLM_CONFIG elsewhere") from None
+        raise ConfigError(f"{path} is not valid TOML: {exc}",
+                          hint="fix the file, or point ZLLM_CONFIG elsewhere") from None
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror}",
                           hint=f"create it, or unset {CONFIG_ENV}") from None

@@ -20,12 +20,11 @@ from pathlib import Path
 from zllm import __version__
 from zllm.config import Settings, configured_api_keys, split_list
 from zllm.errors import ConfigError, ModelNotFound
-from zllm.private_files import open_private, private_dir, set_private_umask, tighten, tighten_tree
+from zllm.install_secrets import FILES as INSTALL_SECRET_FILES
+from zllm.install_secrets import load_install_secrets
+from zllm.private_files import private_dir, set_private_umask, tighten, tighten_tree
 
 log = logging.getLogger("zllm.daemon")
-
-# in-flight requests get this long to finish after SIGINT/SIGTERM before they are aborted
-SHUTDOWN_GRACE_S = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -142,7 +141,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     control.attach_responses(responses)
     fingerprints = open_fingerprint_store(settings)
     try:
-        compaction_key = install_key(settings)  # before the weights too: a damaged key file fails fast
+        secrets = load_install_secrets(settings.state_dir)  # before the weights too: a damaged key fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
             served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
     except BaseException:
@@ -156,11 +155,11 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         control.attach_diagnoses(fingerprints.diagnosis)
         if stop.is_set():  # SIGTERM while the weights were loading
             return
-        app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=namespace_secret(settings),
+        app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=secrets.namespace,
                          allowed_hosts=served_host_names(settings),
                          allowed_origins=split_list(settings.allowed_origins),
                          responses=responses, fingerprints=fingerprints, websocket=settings.responses_websocket,
-                         library=model_library(settings), compaction_key=compaction_key)
+                         library=model_library(settings), compaction_key=secrets.compaction)
         try:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
@@ -173,7 +172,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             control.phase = "stopping"
             log.info("shutting down")
         finally:
-            await runner.cleanup()  # stops listening, lets handlers finish (grace), cancels the rest → aborts
+            await runner.cleanup()  # stops listening, lets handlers finish (api.app's grace), cancels the rest → aborts
     finally:
         control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
@@ -240,30 +239,9 @@ def served_host_names(settings: Settings) -> tuple[str, ...]:
     return tuple(names)
 
 
-NAMESPACE_SECRET_FILE = "namespace.secret"
 # what the state dir holds about requests and keys (the log and start flags are written by `zllm start`)
 PRIVATE_STATE_FILES = ("responses.sqlite3", "responses.sqlite3-wal", "responses.sqlite3-shm", "zllm.log",
-                       "zllm.log.1", "start-flags.json", NAMESPACE_SECRET_FILE)
-
-
-def namespace_secret(settings: Settings) -> bytes:
-    """The per-install salt of namespace ids (state_dir/namespace.secret, 0600), made on first use. Kept
-    across restarts: the SSD tier and the Responses store file rows under these ids."""
-    path = private_dir(settings.state_dir) / NAMESPACE_SECRET_FILE
-    fd = open_private(path, os.O_RDWR)
-    with os.fdopen(fd, "r+", encoding="ascii") as f:
-        try:
-            secret = bytes.fromhex(f.read().strip())
-        except ValueError:
-            secret = b""
-        if len(secret) < 16:  # new, or damaged: a new salt only costs cold caches and unreachable old rows
-            secret = os.urandom(32)
-            f.seek(0)
-            f.truncate()
-            f.write(secret.hex() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    return secret
+                       "zllm.log.1", "start-flags.json", *INSTALL_SECRET_FILES)
 
 
 def make_private(settings: Settings) -> None:
@@ -275,13 +253,6 @@ def make_private(settings: Settings) -> None:
     for name in PRIVATE_STATE_FILES:
         tighten(settings.state_dir / name)
     tighten_tree(settings.ssd_cache_dir)  # kv/ is zllm's alone
-
-
-def install_key(settings: Settings) -> bytes:
-    """The key that signs compaction items (state_dir/install.key): items made before a restart still open."""
-    from zllm.store.install_key import load_or_create_key
-
-    return load_or_create_key(settings.state_dir / "install.key")
 
 
 def open_fingerprint_store(settings: Settings):

@@ -1,8 +1,8 @@
 """Give freed heap memory back to the OS (glibc's `malloc_trim`), where the C library can.
 
 glibc keeps what a process frees for reuse, per thread arena: after a burst of big request bodies the
-daemon's RSS stays hundreds of MB above where it started (measured: 835 → 985 MiB after 5,300 malformed
-requests; `malloc_trim(0)` brings it back below the start), memory other programs on the machine could use.
+daemon's RSS stays well above where it started (`malloc_trim(0)` brings it back below the start), memory
+other programs on the machine could use.
 """
 
 from __future__ import annotations

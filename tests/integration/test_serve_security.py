@@ -71,7 +71,7 @@ def test_keys_namespaces_files_and_hosts(tiny_data_dir, tmp_path) -> None:
         connection.close()
 
         assert world_or_group_accessible(state, daemon.scratch / "run", daemon.scratch / "cache") == []
-        assert {p.name for p in state.iterdir()} >= {"responses.sqlite3", "namespace.secret", "zllm.log"}
+        assert {p.name for p in state.iterdir()} >= {"responses.sqlite3", "install.secret", "zllm.log"}
         assert stat.S_ISSOCK(daemon.control_socket.lstat().st_mode)
     finally:
         assert daemon.stop() == 0, daemon.log()

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2] / "zllm"
 FORBIDDEN = {
     "canonical": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
                   "zllm.models", "zllm.cli", "zllm.daemon"},
-    "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.kvcache", "zllm.prompt", "zllm.models",
-            "zllm.cli", "zllm.daemon"},
+    "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.kvcache", "zllm.prompt",
+            "zllm.models", "zllm.cli", "zllm.daemon"},
     "engine": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.cli", "zllm.daemon", "zllm.models"},
     "runtime": {"aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
     # the cache layer imports nothing above it: it gets token ids, tensors and an injected decode callable

@@ -11,8 +11,9 @@ The namespace rule, pinned by tests/unit/api/test_namespaces.py:
   namespace (Bearer first when both are right); a wrong key alone, or none, is 401.
 - auth off: the client's own key (Bearer first) picks the namespace; no key is the shared namespace "".
 
-A namespace id is HMAC-SHA256(per-install secret, key), cut to 16 hex digits: stable across restarts (the
-SSD tier and the Responses store keep it), and it reveals nothing about the key without the secret.
+A namespace id is HMAC-SHA256(the install's namespace key, key), cut to 16 hex digits: stable across restarts
+(the SSD tier and the Responses store keep it; the daemon loads that key from zllm/install_secrets.py), and it
+reveals nothing about the key without the secret.
 """
 
 from __future__ import annotations

@@ -42,8 +42,6 @@ from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore
 
 log = logging.getLogger("zllm.api")
 
-BETA_HEADER = "cache-diagnosis-2026-04-07"
-
 _ANTHROPIC_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed",
                     "messages": "messages_changed", "not_found": "previous_message_not_found"}
 _RESPONSES_REASONS = {"model": "model_changed", "tools": "tools_changed", "system": "input_changed",
@@ -152,7 +150,7 @@ def responses_options_echo(options: dict, compared: str | None) -> dict:
             "comparison_response_id": compared}
 
 
-def responses_diagnostics(diagnosis: CacheDiagnosis, options_changed: tuple[str, ...] = ()) -> dict:
+def responses_diagnostics(diagnosis: CacheDiagnosis) -> dict:
     """The response's `prompt_cache_diagnostics` value."""
     extra = {"zllm": zllm_details(diagnosis)}
     if diagnosis.reason is None:
@@ -161,8 +159,9 @@ def responses_diagnostics(diagnosis: CacheDiagnosis, options_changed: tuple[str,
         return {"type": "comparison_response_not_found", **extra}
     if diagnosis.reason == "unavailable":
         return {"type": "unavailable", **extra}
-    return {"type": "cache_miss", "reason": _responses_reason(diagnosis), "cache_missed_tokens": diagnosis.missed_tokens,
-            "comparison_reusable_tokens": diagnosis.reusable_tokens, **extra}
+    return {"type": "cache_miss", "reason": _responses_reason(diagnosis),
+            "cache_missed_tokens": diagnosis.missed_tokens, "comparison_reusable_tokens": diagnosis.reusable_tokens,
+            **extra}
 
 
 def _responses_reason(diagnosis: CacheDiagnosis) -> str:

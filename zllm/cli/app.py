@@ -42,7 +42,7 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
-    """zllm serves local models over the OpenAI and Anthropic APIs."""
+    """zllm serves local models over the OpenAI, Anthropic and Ollama APIs."""
 
 
 def _register_verbs() -> None:

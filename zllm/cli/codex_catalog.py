@@ -9,8 +9,8 @@ sends a prompt built for OpenAI's models.
 One entry, in the shape of Codex's `ModelInfo` (codex-rs/protocol openai_models.rs). Codex ignores fields it
 does not know but refuses the whole file, and will not start, on a value it does not know (0.171 knows only
 `freeform` for `apply_patch_tool_type`). Checked with Codex 0.171.0 against `zllm serve`: the fallback warning
-is gone, and its first request shrank from 8,372 prompt tokens (40 KB) to 4,548 (22 KB). What it tells
-Codex, and why:
+is gone, and its first request is much shorter (it no longer carries the instructions written for OpenAI's
+models). What it tells Codex, and why:
 
 * the real window, and when to compact: at `COMPACT_AT` of it, leaving room for the summary zllm writes;
 * tools a small model can call: a shell, `apply_patch` as a freeform tool (zllm offers it to the model as

@@ -41,7 +41,8 @@ def print_diagnosis(response_id: str, diagnosis: dict[str, Any]) -> None:
     reason = diagnosis.get("reason")
     compared = diagnosis.get("compared_with") or "?"
     if reason is None:
-        headline = f"no miss: the prompt of {compared} ({diagnosis.get('reusable_tokens', 0):,} tokens) was reused whole"
+        reused = diagnosis.get("reusable_tokens", 0)
+        headline = f"no miss: the prompt of {compared} ({reused:,} tokens) was reused whole"
     elif reason in ("not_found", "unavailable"):
         headline = f"{reason.replace('_', ' ')}: {diagnosis.get('detail') or ''}".rstrip(": ")
     else:

@@ -43,7 +43,7 @@ def serve(
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="Prompt tokens per step while others decode (smaller: steadier streams; larger: sooner first token for long prompts). [env: ZLLM_PREFILL_CHUNK; default: 512]"),
     dialect: str = typer.Option(None, "--dialect", help="Tool dialect: auto (from the tokenizer), hermes, qwen3, glm45, deepseek-v3.2 or deepseek-v4. [env: ZLLM_DIALECT; default: auto]"),
 ) -> None:
-    """Serve a model over HTTP (OpenAI Chat Completions and Responses, Anthropic Messages) in the foreground."""
+    """Serve a model over HTTP in the foreground: OpenAI Chat Completions and Responses, Anthropic Messages, Ollama."""
     from zllm import daemon
     from zllm.config import load_settings
     from zllm.models import RichPullProgress

@@ -29,8 +29,6 @@ from zllm.errors import ZllmError
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 4 << 20  # one message; a near-miss explanation or a cache listing stays far below
 
-STREAMING_METHODS = frozenset({"trace", "logs"})
-
 # protocol-level error codes (the rest are ZllmError codes)
 BAD_REQUEST = "bad_request"
 UNKNOWN_METHOD = "unknown_method"

@@ -57,16 +57,6 @@ class KeptState:
     buffers: Any = None
 
 
-@dataclass(frozen=True)
-class EngineFacts:
-    """What `zllm ps` and the trace say about the engine."""
-
-    backend: str  # "torch" | "llamacpp"
-    reason: str  # why this backend serves the model
-    quantization: str  # "float32", "Q4_1", ...
-    resident_bytes: int  # weights (and, for llama.cpp, its KV pool) held in memory
-
-
 class Engine(Protocol):
     backend: str
     device: Any  # torch.device the logits live on; None: numpy arrays in host memory

@@ -53,8 +53,8 @@ def _distribution(logits: np.ndarray, config: Any) -> tuple[np.ndarray, np.ndarr
 
     top-k: softmax over the k best. top-p alone: the probabilities of the whole vocabulary (the nucleus is a
     share of ITS mass), over the shortest descending prefix known to hold the nucleus — found by partitioning
-    the best 64, 256, ... ids instead of sorting the whole vocabulary (~5x faster at 49K ids). Then the nucleus
-    rule zeroes what falls past top_p; the most likely token always stays."""
+    the best 64, 256, ... ids instead of sorting the whole vocabulary (most of which the nucleus never reaches).
+    Then the nucleus rule zeroes what falls past top_p; the most likely token always stays."""
     scaled = logits.astype(np.float32, copy=False) / np.float32(config.temperature)
     if 0 < config.top_k < scaled.shape[-1]:
         ids = _best(scaled, config.top_k)

@@ -1,8 +1,8 @@
 """Working KV caches over preallocated buffers: a `DynamicCache` whose layers append in place.
 
 transformers' `DynamicLayer` grows by `torch.cat` on every update, so each decode step copies the whole
-layer (at 3K tokens of SmolLM2 that was ~30% of a decode step on CPU). `PreallocatedLayer` writes into a
-caller-provided buffer instead and exposes views of the filled part:
+layer, a cost that grows with the context and soon dominates a CPU decode step. `PreallocatedLayer` writes
+into a caller-provided buffer instead and exposes views of the filled part:
 
     key_buffer: [1, kv_heads, capacity, head_dim]      keys = key_buffer[..., :length, :]
 

@@ -1,7 +1,7 @@
 """Load a model directory (safetensors + config + tokenizer, as `save_pretrained` writes it) for inference.
 
 `device="auto"` picks cuda when present, else cpu; `dtype="auto"` picks bfloat16 on cuda and float32 on cpu
-(bf16 matmuls are ~5x slower on AVX2 CPUs, see design/PERF.md). Attention is SDPA.
+(bf16 matmuls are much slower on AVX2 CPUs, see design/PERF.md). Attention is SDPA.
 """
 
 from __future__ import annotations

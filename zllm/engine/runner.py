@@ -28,8 +28,8 @@ DEFAULT_PREFILL_CHUNK = 2048
 
 
 class ModelRunner:
-    """The torch backend of the engine seam (engine/contract.py). Runs `model` forward for one sequence, or for several rows packed into one forward (`forward_rows`).
-    Owns no per-request state.
+    """The torch backend of the engine seam (engine/contract.py). Runs `model` forward for one sequence, or for
+    several rows packed into one forward (`forward_rows`). Owns no per-request state.
 
     `packing` None: probe the model (engine/packed.py) and pack when packed forwards equal separate ones;
     a model that cannot be packed still serves several rows, one forward per row."""

@@ -1,7 +1,7 @@
 """Which engine backend serves a model directory, and loading it there.
 
     auto      GGUF weights (model.gguf) → llamacpp; safetensors → torch
-    torch     transformers (a GGUF is dequantized as it loads: float32 on CPU, ~5x its file size)
+    torch     transformers (a GGUF is dequantized as it loads: float32 on CPU, several times its file size)
     llamacpp  llama.cpp (GGUF only)
 
 Each backend is imported only when chosen: a torch-only install never loads llama_cpp, and serving a GGUF on

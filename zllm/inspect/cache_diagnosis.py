@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
+from zllm.prompt.segments import shared_prefix_length
 from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
 
 WINDOW_TOKENS = 24
@@ -39,7 +40,7 @@ def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *
                               segment="model", cause=Cause.DIFFERENT_MODEL.value, busters=current.busters,
                               detail=f"`{previous.model}` then `{current.model}`: cached prefixes are never "
                                      "shared across models")
-    shared = _shared_prefix(previous.prompt_ids, current.prompt_ids)
+    shared = shared_prefix_length(previous.prompt_ids, current.prompt_ids)
     if shared >= min(reusable, len(current.prompt_ids)):
         return CacheDiagnosis(None, compared_with, reusable_tokens=reusable, busters=current.busters)
     reason, segment, found = _structural(previous, current)
@@ -134,11 +135,3 @@ def _the(segment: str | None) -> str:
         return "the prompt"
     return f"the {segment}" if segment in ("system", "tools", "model") else segment
 
-
-def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

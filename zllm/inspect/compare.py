@@ -18,7 +18,7 @@ import json
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
 from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
-from zllm.inspect.segment_map import Label, message_name, tool_name
+from zllm.prompt.segments import Label, message_name, tool_name
 
 
 def diagnose_requests(a: ChatRequest, b: ChatRequest, label: Label | None) -> Diagnosis | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from zllm.canonical import ChatRequest
 from zllm.inspect.formats import RequestFormat, read_request_file
 from zllm.inspect.renderer import load_renderer, resolve_model
-from zllm.inspect.segment_map import Label, map_segments
+from zllm.prompt.segments import Label, map_segments
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Two sources, one answer (`MissExplanation`):
   decoded windows already cut (24 tokens each side). Only the text is left, so the cause comes from clues
   in the windows (causes.py) and the segment's kind; `explain_near_miss(record)`.
 - two request files (`--between A.json B.json`): both are decoded and rendered for one model, the first
-  differing token is found, the segment of B it falls in named (segment_map.py), and the cause read off the
+  differing token is found, the segment of B it falls in named (prompt/segments.py), and the cause read off the
   canonical forms (compare.py) before falling back to the windows; `explain_between_files(a, b)`.
 
     {"cause": "reordered_tools", "cause_label": "reordered tools", "segment": "tool 0 (Read)",
@@ -32,15 +32,8 @@ from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
 from zllm.inspect.compare import diagnose_requests
 from zllm.inspect.formats import RequestFormat, read_request_file
 from zllm.inspect.renderer import load_renderer, resolve_model
-from zllm.inspect.segment_map import (
-    GENERATION_PROMPT,
-    SYSTEM_BLOCK,
-    TOOLS,
-    Label,
-    map_segments,
-)
 from zllm.kvcache.near_miss import WINDOW_TOKENS, NearMiss
-from zllm.prompt.segments import shared_prefix_length
+from zllm.prompt.segments import GENERATION_PROMPT, SYSTEM_BLOCK, TOOLS, Label, map_segments, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -139,7 +132,7 @@ def diagnose_windows(before: str, cached_after: str, request_after: str, label: 
 
 
 def label_from_segment(segment: str | None) -> Label | None:
-    """The label for a segment name as zllm/prompt/segments.py or segment_map.py writes it."""
+    """The label for a segment name as zllm/prompt/segments.py writes it (either way of asking it)."""
     if not segment:
         return None
     if segment in ("system", SYSTEM_BLOCK):

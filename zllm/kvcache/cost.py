@@ -1,6 +1,6 @@
 """Restore-vs-recompute estimate: is reading a snapshot from SSD faster than prefilling its tokens again?
 
-On this CPU a restore is ~1/1500 of recompute; on a fast GPU a short prefix can be quicker to recompute than
+On a CPU a restore is far cheaper than recompute; on a fast GPU a short prefix can be quicker to recompute than
 to read (SGLang measured a file-tier hit slower than recompute at 8K tokens on H-class GPUs). So both rates
 are measured as the daemon runs — prefill seconds per token from real prefills, restore seconds per byte from
 real restores — as exponential moving averages, and persisted per (model layout, device) so a restart starts

@@ -10,8 +10,8 @@ the previous answer differently — expected for some templates, e.g. ones that 
 `segment` names the part of the request's prompt the divergence falls in ("system", "tools", "message 3
 (user)", "generation prompt"): the caller passes `describe(index) -> str` (zllm/prompt/segments.py, wrapped by
 the runtime), called here once per record. It tokenizes the prompt again and runs the template a dozen times
-(about 0.1 s for a 33K-token conversation on a CPU) on the thread that records, the engine thread, before the
-request's prefill; near misses are rare, so that cost is accepted.
+on the thread that records, the engine thread, before the request's prefill; near misses are rare, so that
+cost is accepted.
 
 Bounded: the newest `capacity` records, in memory. Decoding and describing are injected (`decode(ids) -> str`)
 because the cache layer must not import tokenizer or prompt code.

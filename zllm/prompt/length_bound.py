@@ -3,7 +3,7 @@
     bound = LengthBound.of(tokenizer)       # None when this tokenizer allows no such proof
     bound.min_tokens(len(text))             # every encoding of `text` has at least this many tokens
 
-Tokenizing a 50 MB prompt takes tens of seconds and several GB; counting its characters takes nothing.
+Tokenizing a huge prompt takes long and much memory; counting its characters takes nothing.
 
 Why it holds, for the tokenizers it accepts (BPE models, the family every chat model zllm serves uses):
 

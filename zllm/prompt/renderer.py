@@ -42,7 +42,8 @@ class PromptRenderer:
     Stateless after construction and safe to call from several threads (the tokenizer's Rust encoder is).
     """
 
-    def __init__(self, tokenizer, dialect: Dialect | DialectChoice | None = None, *, dialect_override: str | None = None):
+    def __init__(self, tokenizer, dialect: Dialect | DialectChoice | None = None, *,
+                 dialect_override: str | None = None):
         """`dialect` None: chosen from the tokenizer (or by name with `dialect_override`, e.g. config)."""
         if dialect is None:
             dialect = choose_dialect(tokenizer_facts(tokenizer), dialect_override)
@@ -73,7 +74,7 @@ class PromptRenderer:
 
     @cached_property
     def length_bound(self) -> LengthBound | None:
-        """Read off the vocabulary once (a 150K vocabulary takes ~0.1 s), on the first request that needs it."""
+        """Read off the vocabulary once (it walks every token), on the first request that needs it."""
         return LengthBound.of(self.tokenizer)
 
     def _refuse_hopeless(self, text: str, window: int) -> None:
@@ -83,9 +84,6 @@ class PromptRenderer:
         at_least = bound.min_tokens(len(text))
         if at_least >= window:  # the same rule as after tokenizing: the prompt must leave room for one token
             raise ContextLengthExceeded(at_least, window, at_least=True)
-
-    def render_text(self, request: ChatRequest) -> str:
-        return self._render_messages(request, drop_billing_headers(request.messages)[0])
 
     def template_text(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,
                       add_generation_prompt: bool = True) -> str:

@@ -1,6 +1,6 @@
 """`TokenizerFiles`: a model directory's tokenizer (tokenizer.json, tokenizer_config.json, its chat template) on
 the `tokenizers` library and jinja2 alone, for the llama.cpp path, which must not import transformers (its
-`AutoConfig` / `AutoTokenizer` import torch: ~240 MB resident for a server that never runs it).
+`AutoConfig` / `AutoTokenizer` import torch, resident memory a server that never runs it would carry).
 
 It answers what zllm asks of a tokenizer (prompt/, runtime/ and the fence use these names, which are
 transformers' own, so either object serves):

@@ -9,8 +9,8 @@ __all__ = ["LocalEngineClient", "LocalRequestStream"]
 
 
 def __getattr__(name: str):
-    # lazy: `zllm.runtime.trace` / `report` are imported by the control socket and CLI, which must not pay for
-    # importing torch and transformers (seconds) just to name a dataclass
+    # lazy: the daemon imports `zllm.runtime.trace` to open its control socket while the model loads (`zllm
+    # status` says "loading"), and that must not wait for the client's engine imports (torch, transformers)
     if name in __all__:
         from zllm.runtime import client
 

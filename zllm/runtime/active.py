@@ -132,7 +132,8 @@ def log_finished(request: EngineRequest, finished: Finished, active: ActiveReque
         decode_s = time.perf_counter() - active.prefilled_at
         decode_rate = usage.completion_tokens / decode_s if decode_s > 0 else 0.0
         prefilled = usage.prompt_tokens - usage.cached_tokens
-        timing = f" prefill {prefill_s:.2f}s ({prefilled / max(prefill_s, 1e-9):.0f} tok/s), decode {decode_rate:.1f} tok/s"
+        prefill_rate = prefilled / max(prefill_s, 1e-9)
+        timing = f" prefill {prefill_s:.2f}s ({prefill_rate:.0f} tok/s), decode {decode_rate:.1f} tok/s"
     cache = "cache off"
     if active is not None and active.lease is not None:
         cache = f"{usage.cached_tokens} cached ({active.lease.tier}){', kept' if active.kept else ''}"

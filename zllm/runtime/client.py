@@ -119,7 +119,7 @@ class LocalEngineClient:
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
-        _ = self.renderer.length_bound  # read off the vocabulary now (~0.1 s), not during the first request
+        _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))
         self.stop_token_ids = model_stop_token_ids(
@@ -180,8 +180,7 @@ class LocalEngineClient:
             dialect=settings.dialect,
             speculative=settings.speculative,
             # one chunk size alone too: a request arriving during a long prefill waits for at most one chunk's
-            # forward (bench/batching.py: a 2048-token chunk is ~17 s of SmolLM2 on one CPU thread, 512 ~4 s,
-            # and the long prompt's own prefill is no slower in 512-token chunks)
+            # forward, and the long prompt's own prefill is no slower in smaller chunks (bench/batching.py)
             scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
                                       idle_prefill_chunk=settings.prefill_chunk),
             draft_model=draft,

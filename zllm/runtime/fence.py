@@ -7,15 +7,15 @@
            fence.advance(token.item())   # the matcher consumes it (EOS included, which stops the fence)
 
 Speculative decoding: `masks = fence.draft_masks(draft)` gives the mask before each draft token on a probe
-clone (the real state does not move); after verification `fence.advance_many(accepted)` commits the accepted
-prefix. `rollback(n)` undoes the last n tokens. Batched rows: `mask_rows(logits[batch, vocab], fences)`.
+clone (the real state does not move); the engine loop then feeds the accepted tokens through `fence.advance` one
+by one, as it does every token. Batched rows share a forward and are sampled one by one, each within its own
+fence.
 
-Compiling a grammar (10 ms for 30 tool schemas) is cached: a fresh template matcher per grammar text is kept
-in a small LRU and each request gets a `deep_copy` of it (µs), which also shares the template's lexer
-warm-up. Per token on CPU (bench/fence.py, SmolLM2's 49K vocabulary): llguidance's mask ~65 µs median inside
-a JSON string, applying it ~60-150 µs, advancing ~15 µs — under 1% of a decode step, so the mask is computed
-inline rather than on a worker thread overlapping the forward pass (llguidance releases the GIL, so that
-remains an option where a step is much shorter, e.g. on a GPU).
+Compiling a grammar costs far more than copying one, so it is cached: a fresh template matcher per grammar
+text is kept in a small LRU and each request gets a `deep_copy` of it, which also shares the template's lexer
+warm-up. Per token, computing, applying and advancing the mask is a small share of a CPU decode step
+(bench/fence.py), so the mask is computed inline rather than on a worker thread overlapping the forward pass
+(llguidance releases the GIL, so that remains an option where a step is much shorter, e.g. on a GPU).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Fence:
     """One request's (or one batch row's) grammar state. Not thread-safe: the engine thread owns it.
 
     The mask for the current state is computed once, on first use (apply / allowed / ...), and reused until
-    the state moves (advance / rollback)."""
+    the state moves (advance)."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab: FenceVocab):
         self._matcher = matcher
@@ -155,17 +155,6 @@ class Fence:
         if not self._matcher.consume_token(token_id):
             raise FenceViolation(f"the fence does not allow token {token_id}: {self._matcher.get_error()}")
         self._fresh = False
-
-    def advance_many(self, token_ids: Sequence[int]) -> None:
-        if token_ids and not self._matcher.consume_tokens(list(token_ids)):
-            raise FenceViolation(f"the fence does not allow tokens {list(token_ids)}: {self._matcher.get_error()}")
-        self._fresh = self._fresh and not token_ids
-
-    def rollback(self, n: int) -> None:
-        """Undo the last `n` advanced tokens."""
-        if n and not self._matcher.rollback(n):
-            raise FenceViolation(f"the fence cannot roll back {n} tokens: {self._matcher.get_error()}")
-        self._fresh = self._fresh and not n
 
     def clone(self) -> Fence:
         twin = Fence(self._matcher.deep_copy(), self._vocab)
@@ -228,11 +217,3 @@ def sample_fenced(sampler: Sampler, logits, fence: Fence | None):
     fence.apply(logits)
     return sampler(logits)
 
-
-def mask_rows(logits, fences: Sequence[Fence | None]) -> None:
-    """Batched apply. logits: [batch, vocab] (each row masked in place as a view); a row whose fence is None is
-    left as is."""
-    assert logits.ndim == 2 and logits.shape[0] == len(fences), "one fence (or None) per row"
-    for row, fence in enumerate(fences):
-        if fence is not None:
-            mask_logits(logits[row], fence.mask())

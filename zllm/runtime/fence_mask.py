@@ -8,9 +8,9 @@ Layout: one int32 word per 32 token ids; token `t` is allowed ⇔ bit `t % 32` o
 Host float32 logits (numpy from llama.cpp, or a CPU torch tensor viewed as numpy without a copy) are masked
 through numpy: where most tokens are allowed (inside a JSON string), unpack the inverted bytes and
 `copyto(where=)` -inf; where few are (structure, markup), gather the allowed logits, fill the row with -inf
-and put them back. Measured ~2x faster than torch ops and ~1.5x faster than llguidance.torch's compiled kernel
-(which also needs ~10 s of torch.compile warm-up). Torch tensors on other devices or dtypes unpack with shifts
-on the logits' device (engine/torch_sampling.py, imported only for them).
+and put them back. Faster than torch ops and than llguidance.torch's compiled kernel, which also needs a
+torch.compile warm-up (bench/fence.py). Torch tensors on other devices or dtypes unpack with shifts on the
+logits' device (engine/torch_sampling.py, imported only for them).
 """
 
 from __future__ import annotations

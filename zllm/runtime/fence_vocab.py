@@ -1,6 +1,6 @@
 """What the fence must know about one model's vocabulary, and the checks that refuse an unsatisfiable fence.
 
-Built once per loaded model (`FenceVocab.build`, ~1 s for a 150K vocabulary: llguidance walks every token).
+Built once per loaded model (`FenceVocab.build`: llguidance walks every token, which takes a while).
 
 Added tokens are the trap. llguidance treats every added token (`<tool_call>` = 151657 in Qwen) as special: a
 grammar names it `<[151657]>`; a *quoted* literal matches text bytes only, spelled with ordinary tokens
@@ -157,7 +157,7 @@ def _tokenizer_json(tokenizer) -> str:
     `llguidance.hf.from_tokenizer` hands it, without that module's import of transformers (which imports torch:
     the llama.cpp path serves on `tokenizers` alone, prompt/tokenizer_files.py)."""
     backend = tokenizer.backend_tokenizer
-    if backend.padding is None and backend.truncation is None:  # the usual case: no clone (~20 MB at 49K tokens)
+    if backend.padding is None and backend.truncation is None:  # the usual case: no clone (a whole vocabulary)
         return backend.to_str()
     backend = copy.copy(backend)
     backend.no_padding()

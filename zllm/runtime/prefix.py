@@ -1,8 +1,8 @@
-"""The runtime side of the prefix cache: build it for a loaded model, and bridge leases to working caches.
+"""The runtime side of the prefix cache: build it for a loaded model, with budgets from the settings.
 
     cache = build_prefix_cache(loaded, runner, config)   # None when the model's KV cannot be cached
     lease = cache.acquire(namespace, prompt_ids, ...)     # kvcache speaks tensors and token ids only
-    kv = working_cache_for(runner, lease)                 # a DynamicCache appending into the lease's buffers
+    kv = runner.open(lease)                               # the engine's sequence over the lease's buffers
 
 Default budgets: the device tier gets a fraction of the memory left after loading the model (GPU) or of the
 RAM available (CPU); the SSD tier 10 GiB or half the free disk under the cache dir, whichever is smaller.
@@ -22,10 +22,8 @@ from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
 from zllm.kvcache.sequence_cache import SequencePrefixCache
 
 if TYPE_CHECKING:  # the torch backend's; imported in the functions that serve it (the llama.cpp path never does)
-    from transformers import DynamicCache
-
     from zllm.engine.runner import ModelRunner
-    from zllm.kvcache import Lease, PrefixCache
+    from zllm.kvcache import PrefixCache
 from zllm.runtime.detokenizer import raw_decoder
 
 log = logging.getLogger("zllm.runtime")
@@ -34,7 +32,6 @@ MiB = 1 << 20
 GPU_FREE_FRACTION = 0.5  # of the memory still free after the model loaded (activations need the rest)
 CPU_AVAILABLE_FRACTION = 0.25  # of the RAM available at start (the machine is shared)
 SSD_DEFAULT_BYTES = 10 << 30
-KV_SUBDIR = "kv"
 
 
 def served_model_key(loaded: LoadedModel) -> str:
@@ -47,7 +44,7 @@ def served_model_key(loaded: LoadedModel) -> str:
 
 def cache_config_from_settings(settings, loaded: LoadedModel, model: str) -> CacheConfig:
     """`settings` is a zllm.config.Settings (cache_budget_mb, cache_rounds, ssd_cache, ssd_cache_mb, ...)."""
-    ssd_dir = Path(settings.cache_dir) / KV_SUBDIR if settings.ssd_cache else None
+    ssd_dir = settings.ssd_cache_dir if settings.ssd_cache else None
     device_budget = (loaded.engine.kv_bytes if loaded.engine is not None
                      else settings.cache_budget_mb * MiB or default_device_budget(loaded.device))
     return CacheConfig(
@@ -119,9 +116,3 @@ def build_sequence_cache(loaded: LoadedModel, config: CacheConfig | None, max_ba
              engine.kv_bytes // MiB, engine.bytes_per_token, f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")
     return cache
 
-
-def working_cache_for(runner: ModelRunner, lease: Lease) -> DynamicCache:
-    """A cache over the lease's pooled buffers holding its restored prefix; prefill and decode append in place."""
-    from zllm.engine.kv_layers import working_cache
-
-    return working_cache(runner.config, lease.working, lease.cached_tokens)

@@ -44,15 +44,15 @@ from zllm.runtime.loop_guard import LoopGuard
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    # defaults from bench/speculative.py on a CPU (SmolLM2-135M, fp32): a 13-token verify costs ~2.4x a decode
-    # step and a 2-token one already ~1.6x, so drafts are long and only drafted from a 3-gram match or longer
-    # (a 1-gram "match" is right too rarely to pay for its forward on text that is not an echo)
+    # defaults from bench/speculative.py on a CPU: a verify forward costs well over a decode step even for a
+    # 2-token draft, so drafts are long and only drafted from a 3-gram match or longer (a 1-gram "match" is
+    # right too rarely to pay for its forward on text that is not an echo)
     max_draft: int = 12  # k: draft tokens verified per forward at most
     max_ngram: int = 5  # longest suffix n-gram looked up
     min_ngram: int = 3  # shortest (1: any earlier occurrence of the last token)
     # after a draft whose first token is rejected, plain steps before the next draft: 1, 2, 4 .. max_backoff
-    # for consecutive failures (0: always draft). A verify forward over k + 1 tokens costs ~2x a decode step
-    # on a CPU (matrix-vector becomes matrix-matrix), so drafting on text that is not an echo must back off.
+    # for consecutive failures (0: always draft). A verify forward over k + 1 tokens costs more than a decode
+    # step on a CPU (matrix-vector becomes matrix-matrix), so drafting on text that is not an echo must back off.
     max_backoff: int = 16
 
     def __post_init__(self) -> None:
@@ -75,9 +75,9 @@ class PromptLookup:
 
         tokens:  a b c d a b  →  propose(2) matches the suffix "a b" (n = 2) at 0..1 → draft [c, d]
 
-    A vectorized scan per lookup, no index: one comparison of the last token against the whole sequence
-    (~20 µs at 30K tokens) finds the 1-gram hits, each longer n-gram keeps the hits whose previous token
-    matches too. Nothing to build at admission, 4 bytes per token."""
+    A vectorized scan per lookup, no index: one comparison of the last token against the whole sequence (one
+    numpy pass, small next to a forward even for long prompts) finds the 1-gram hits, each longer n-gram keeps
+    the hits whose previous token matches too. Nothing to build at admission, 4 bytes per token."""
 
     def __init__(self, tokens: Iterable[int] = (), *, max_ngram: int = 3, min_ngram: int = 1):
         assert 1 <= min_ngram <= max_ngram
@@ -288,14 +288,6 @@ class SpeculativeStep:
         stats.drafted += drafted
         stats.accepted += accepted
         stats.emitted += 1 + accepted
-
-
-def can_speculate(cache) -> bool:
-    """Whether rejected drafts can be cropped out of this torch cache (full-attention layers only); the loop
-    asks its engine (`Engine.can_crop`)."""
-    from zllm.engine.kv_layers import croppable
-
-    return croppable(cache)
 
 
 def _through_first_stop(draft: list[int], stop_token_ids: frozenset[int]) -> list[int]:

@@ -14,9 +14,9 @@ itself stops matching. The diagnosis made for a request is kept with its row (`z
     store.load("msg_1", namespace="ab12")        # None for an unknown id *or* another namespace
     store.save_diagnosis("msg_2", "ab12", diagnosis)
 
-Bounded: the newest `max_rows` rows (a 32K-token prompt is ~60 KB compressed, so the default 256 is ~15 MB at
-worst) and none older than `max_age_s`. On disk in the state dir, so a comparison survives a restart; `:memory:`
-keeps nothing on disk. Thread-safe: one connection behind a lock, every call one short statement.
+Bounded: the newest `max_rows` rows (each holds its prompt's token ids compressed, so even long prompts keep
+the file small) and none older than `max_age_s`. On disk in the state dir, so a comparison survives a restart;
+`:memory:` keeps nothing on disk. Thread-safe: one connection behind a lock, every call one short statement.
 """
 
 from __future__ import annotations
@@ -93,10 +93,6 @@ class CacheDiagnosis:
     cached_after: str = ""  # decoded tokens of the earlier prompt from the divergence on
     request_after: str = ""  # ... and of this one
     at: float = field(default_factory=time.time)
-
-    @property
-    def missed(self) -> bool:
-        return self.reason not in (None, "not_found", "unavailable")
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)

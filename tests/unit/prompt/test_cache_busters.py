@@ -35,7 +35,7 @@ def test_two_sessions_render_the_same_prompt(qwen_tokenizer) -> None:
     two = chat(Message("system", HEADER.replace("0b8", "6ff") + "\nYou are an agent."), Message("user", "hi"))
     assert renderer.render(one).token_ids == renderer.render(two).token_ids
     assert renderer.count(one) == renderer.count(two) == len(renderer.render(one).token_ids)
-    assert "You are an agent." in renderer.render_text(one)
+    assert "You are an agent." in renderer.render(one).text
 
 
 def test_other_messages_are_untouched() -> None:

@@ -2,6 +2,7 @@
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
 from zllm.prompt import PromptRenderer, describe_position, position_describer
+from zllm.prompt.segments import map_segments
 
 IM_START, IM_END = 151644, 151645
 WEATHER = FunctionTool("get_weather", "Weather for a city",
@@ -108,3 +109,14 @@ def test_token_starts_line_up_with_the_rendered_ids(qwen_tokenizer, llama_tokeni
         for i in (1, len(starts) // 2, len(starts) - 1):  # each token's text is where its offset says
             piece = tokenizer.decode(prompt.token_ids[i:i + 1]).strip("▁ ")
             assert prompt.text.find(piece, starts[i]) - starts[i] <= 1, (i, piece)
+
+
+def test_one_token_is_named_as_the_whole_map_names_it_in_coarser_words(qwen_tokenizer) -> None:
+    """The near-miss log's binary search and inspect's full map are one segmenter: they agree on every token."""
+    renderer = PromptRenderer(qwen_tokenizer)
+    ids = renderer.render(AGENT).token_ids
+    coarse = {"system": "system", "tool": "tools", "tools": "tools"}
+    segments = map_segments(renderer, AGENT)
+    mapped = [coarse.get(segments.at(i).label.kind, segments.at(i).name) for i in range(len(ids))]
+    assert mapped == [describe_position(renderer, AGENT, i) for i in range(len(ids))]
+    assert {"system", "tools", "message 3 (tool result)", "generation prompt"} <= set(mapped)

@@ -1,5 +1,5 @@
 """The token fence over the real Qwen vocabulary: grammar-valid output from a random model, EOS only where the
-grammar may end, clone / rollback / draft masks agreeing with a straight walk, refusals of fences that
+grammar may end, clone / draft masks agreeing with a straight walk, refusals of fences that
 cannot be satisfied, and padded vocabulary rows never allowed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
 from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import ConfigError, InvalidRequest
-from zllm.runtime.fence import FenceCompiler, FenceViolation, mask_rows, sample_fenced
+from zllm.runtime.fence import FenceCompiler, FenceViolation, sample_fenced
 from zllm.runtime.fence_mask import mask_logits
 from zllm.runtime.fence_vocab import UNSATISFIABLE, lark_quoted_strings
 from zllm.runtime.loop_guard import LoopGuard, LoopGuardConfig
@@ -109,7 +109,7 @@ def test_runner_and_sampler_under_a_fence_write_schema_valid_json(tiny_qwen, com
 
 def test_100_of_100_sampled_rows_are_schema_valid(tiny_qwen, compiler) -> None:
     """100 independently sampled generations, batched as rows of one forward (finished rows leave the batch),
-    masked with mask_rows."""
+    each row masked by its own fence as the engine loop masks it."""
     model, tokenizer = tiny_qwen.model, tiny_qwen.tokenizer
     prompt = tokenizer.encode("Reply in JSON:", add_special_tokens=False)
     fences = [compiler.compile(JSON_GRAMMAR) for _ in range(100)]
@@ -120,7 +120,8 @@ def test_100_of_100_sampled_rows_are_schema_valid(tiny_qwen, compiler) -> None:
     with torch.inference_mode():
         for _ in range(60):
             logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            mask_rows(logits, [fences[row] for row in live])
+            for batch_row, row in enumerate(live):
+                fences[row].apply(logits[batch_row])  # a view of the row: masked in place
             ids = sample_rows(logits, generator)  # [len(live), 1]
             for batch_row, row in enumerate(live):
                 fences[row].advance(ids[batch_row].item())
@@ -204,14 +205,15 @@ def test_a_token_outside_the_fence_is_refused(compiler) -> None:
         fence.advance(IM_END)
 
 
-def test_clone_and_rollback_give_identical_masks(compiler) -> None:
+def test_a_clone_walks_on_with_identical_masks(compiler) -> None:
     tokens = call_tokens()
-    fence = compiler.compile(CALL_GRAMMAR)
+    reference, fence = compiler.compile(CALL_GRAMMAR), compiler.compile(CALL_GRAMMAR)
     masks = []  # masks[i]: before tokens[i]
     for token in tokens:
-        masks.append(fence.mask().copy())
+        masks.append(reference.mask().copy())
+        reference.advance(token)
+    for token in tokens[:len(tokens) - 5]:
         fence.advance(token)
-    fence.rollback(5)
     assert np.array_equal(fence.mask(), masks[len(tokens) - 5])
     twin = fence.clone()
     for i, token in enumerate(tokens[len(tokens) - 5:], start=len(tokens) - 5):
@@ -228,7 +230,8 @@ def test_draft_masks_on_a_probe_then_commit_the_accepted_prefix(compiler) -> Non
     for token in tokens:
         masks.append(reference.mask().copy())
         reference.advance(token)
-    fence.advance_many(tokens[:3])
+    for token in tokens[:3]:
+        fence.advance(token)
     before = fence.mask().copy()
     draft = [*tokens[3:6], IM_END, tokens[7]]  # the 4th draft token breaks the grammar
     drafted = fence.draft_masks(draft)
@@ -236,7 +239,8 @@ def test_draft_masks_on_a_probe_then_commit_the_accepted_prefix(compiler) -> Non
     for i in range(4):
         assert np.array_equal(drafted[i], masks[3 + i])
     assert np.array_equal(fence.mask(), before)  # the probe moved, the fence did not
-    fence.advance_many(draft[:2])  # the verifier accepted two
+    for token in draft[:2]:  # the verifier accepted two: the engine loop feeds them one by one
+        fence.advance(token)
     assert np.array_equal(fence.mask(), masks[5])
 
 
@@ -275,10 +279,10 @@ def test_mask_logits_sets_exactly_the_disallowed_ids(kind, sparse) -> None:
     assert np.array_equal(np.isinf(masked[:, :1280]), ~allowed)
 
 
-def test_mask_rows_leaves_unfenced_rows_alone(compiler) -> None:
+def test_a_fenced_batch_row_is_masked_in_place_and_its_neighbours_left_alone(compiler) -> None:
     fence = compiler.compile(CALL_GRAMMAR)
-    logits = torch.zeros(2, QWEN_VOCAB_SIZE)
-    mask_rows(logits, [None, fence])
+    logits = torch.zeros(2, QWEN_VOCAB_SIZE)  # row 0 unfenced, row 1 fenced
+    fence.apply(logits[1])
     assert torch.isfinite(logits[0]).all()
     assert torch.isfinite(logits[1]).sum() == 1 and logits[1, TOOL_CALL] == 0.0
 

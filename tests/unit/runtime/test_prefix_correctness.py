@@ -9,7 +9,7 @@ import torch
 from zllm.engine.kv_layers import cache_state
 from zllm.engine.runner import ModelRunner
 from zllm.kvcache import CacheConfig
-from zllm.runtime.prefix import build_prefix_cache, working_cache_for
+from zllm.runtime.prefix import build_prefix_cache
 
 NS = "ns"
 BASE = tuple(random.Random(5).randrange(1000, 100_000) for _ in range(600))
@@ -30,7 +30,7 @@ def greedy(runner: ModelRunner, logits: torch.Tensor, cache, n: int = 8) -> list
 def keep(cache, runner: ModelRunner, tokens, rid: str) -> None:
     """Put `tokens` in the cache the way the engine does: lease, prefill, finish."""
     lease = cache.acquire(NS, tokens, max_new_tokens=1)
-    kv = working_cache_for(runner, lease)
+    kv = runner.open(lease)
     runner.prefill(tokens[lease.cached_tokens:], kv)
     cache.finish(lease, tokens, cache_state(kv), entry_id=rid, prompt_length=len(tokens))
 
@@ -43,7 +43,7 @@ def check_restores(cache, runner: ModelRunner, expected_tier: str) -> None:
         lease = cache.acquire(NS, prompt, max_new_tokens=8)
         assert lease.cached_tokens == min(keep_tokens, len(prompt) - 1)  # the last token is always prefilled
         assert lease.tier == (expected_tier if lease.cached_tokens else "cold")
-        kv = working_cache_for(runner, lease)
+        kv = runner.open(lease)
         logits = runner.prefill(prompt[lease.cached_tokens:], kv)
         assert (logits - reference).abs().max().item() < 1e-4, (keep_tokens, len(appended))
         assert greedy(runner, logits, kv) == greedy(runner, reference, reference_cache)

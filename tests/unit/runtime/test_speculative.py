@@ -37,7 +37,7 @@ from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard, LoopGuardConfig
 from zllm.runtime.prefix import build_prefix_cache
-from zllm.runtime.speculative import PromptLookup, SpeculationConfig, SpeculativeStep, can_speculate
+from zllm.runtime.speculative import PromptLookup, SpeculationConfig, SpeculativeStep
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +103,7 @@ def test_the_cache_holds_exactly_the_fed_tokens(runner, tiny_qwen) -> None:
     state = runner.probe_kv_state()
     buffers = tuple(tuple(t.new_zeros(*t.shape[:-2], 40, t.shape[-1]) for t in layer) for layer in state)
     for cache in (runner.new_cache(), working_cache(runner.config, buffers, 0)):
-        assert can_speculate(cache) or cache.get_seq_length() == 0
+        assert runner.can_crop(cache) or cache.get_seq_length() == 0
         with echo_model(tiny_qwen.model, code, gaps=(code[9],)):
             got, spec = speculative(runner, prompt, 45, cache=cache)
         assert spec.stats.accepted > 10 and spec.stats.accepted < spec.stats.drafted

@@ -12,7 +12,8 @@
       {"role": "user", "content": [
           {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt", "is_error": false}]}]
   →
-    system "x-anthropic-billing-header: …\nYou are…" (the renderer drops that line) · user "<system-reminder>…\nhi" · system "# Environment …"
+    system "x-anthropic-billing-header: …\nYou are…" (the renderer drops that line)
+    · user "<system-reminder>…\nhi" · system "# Environment …"
     · assistant "Let me look." (reasoning "…", tool_calls [toolu_1 Bash {"command":"ls"}])
     · tool "a.txt" (toolu_1, Bash)
 

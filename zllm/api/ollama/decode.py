@@ -9,10 +9,11 @@
      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {…}}}],
      "options": {"temperature": 0, "num_predict": 64, "stop": ["\\n\\n"], "seed": 1, "num_ctx": 8192}}
 
-Tool schemas get their usual key order back (`_conventional_order`). Tool calls carry `arguments` as an object; they are serialized compactly, as the Chat Completions decoder
-does for the object form, so one conversation renders to the same tokens (and prefix-cache entries) through
-either API. A tool result without a call id answers the oldest call of the turn not yet answered.
-Errors are `InvalidRequest` naming the field, answered as `{"error": "..."}`.
+Tool schemas get their usual key order back (`_conventional_order`). Tool calls carry `arguments` as an
+object; they are serialized compactly, as the Chat Completions decoder does for the object form, so one
+conversation renders to the same tokens (and prefix-cache entries) through either API. A tool result without
+a call id answers the oldest call of the turn not yet answered. Errors are `InvalidRequest` naming the field,
+answered as `{"error": "..."}`.
 """
 
 from __future__ import annotations

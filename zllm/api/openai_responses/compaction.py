@@ -4,8 +4,8 @@
 
 OpenAI's `encrypted_content` is ciphertext only OpenAI reads; ours is zllm's own opaque form: the payload is
 base64url of a versioned JSON object (`{"v": 1, "summary": "…"}`) and the signature an HMAC-SHA256 of it with
-this install's key (store/install_key.py). Not secret (the daemon is local and the summary is the client's
-own conversation) but checked: an edited or forged item is refused with a 400 rather than put into the
+this install's compaction key (zllm/install_secrets.py). Not secret (the daemon is local and the summary is the
+client's own conversation) but checked: an edited or forged item is refused with a 400 rather than put into the
 prompt, and an item from another server (OpenAI's own) is refused too, since what it holds cannot be read.
 
 Expanding an item gives one user message, the summary under a fixed header, always the same text for the

@@ -145,8 +145,8 @@ class LlamaCppEngine:
         """KV bytes one token adds to a sequence's state (the state of 2 tokens minus that of 1).
 
         Decoded on ONE thread: this runs on the loading thread, and a multi-threaded decode there leaves an
-        OpenMP thread team behind that halves every later decode on the engine thread at 2 threads
-        (bench/llamacpp_engine.py measured 82 vs 138 tok/s on 2 cores)."""
+        OpenMP thread team behind that slows every later decode on the engine thread at 2 threads
+        (bench/llamacpp_engine.py shows it)."""
         threads = self.settings.threads or _cores()
         lc.llama_set_n_threads(self.ctx, 1, 1)
         seq = self.open()

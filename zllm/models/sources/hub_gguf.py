@@ -1,9 +1,9 @@
 """One GGUF out of a Hugging Face hub repository: `zllm pull org/name-GGUF:Q4_K_M` (or `--file NAME.gguf`).
 
 GGUF repos hold one file per quantization (often tens of GB in all), so the repo's file list is read
-first (`model_info`: the files and the commit they are at), one file is picked (gguf_pick.py), and only that file is downloaded, with
-`hf_hub_download`, into the hub's own cache: resumable, shared with other HF tools, and hard-linked
-from there into the store (stage_gguf; a copy across file systems). The config and tokenizer come out of
+first (`model_info`: the files and the commit they are at), one file is picked (gguf_pick.py), and only that
+file is downloaded, with `hf_hub_download`, into the hub's own cache: resumable, shared with other HF tools,
+and hard-linked from there into the store (stage_gguf; a copy across file systems). The config and tokenizer come out of
 the GGUF itself, so nothing else from the repo is fetched.
 """
 
