@@ -24,7 +24,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from zllm.cache_views import CacheEntry, CacheStats
 from zllm.errors import ZllmError
+
+__all__ = ["CacheEntry", "CacheStats", "ControlError", "DaemonStatus", "DaemonUnreachable", "LoadedModelInfo",
+           "PruneReport"]  # CacheEntry / CacheStats: the cache's own views (zllm/cache_views.py) go over the wire
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 4 << 20  # one message; a near-miss explanation or a cache listing stays far below
@@ -139,20 +143,6 @@ class LoadedModelInfo(_Wire):
     backend_reason: str = ""  # why ("GGUF weights run on llama.cpp as they are", "--backend torch", ...)
     quantization: str = ""  # "Q4_1", "Q4_K_M", "float32", ...
     resident_bytes: int = 0  # the daemon's real resident memory (RSS) when asked
-
-
-@dataclass(frozen=True)
-class CacheEntry(_Wire):
-    tier: str  # "device" or "ssd"
-    id: str
-    namespace: str
-    tokens: int
-    prompt_tokens: int = 0
-    bytes: int = 0  # device: bytes freed if only this entry went; ssd: the snapshot's size
-    round: int = 1
-    hits: int = 0
-    created: float = 0.0
-    last_used: float | None = None
 
 
 @dataclass(frozen=True)
