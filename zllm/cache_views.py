@@ -47,6 +47,13 @@ class Tier(StrEnum):
 
 
 STORE_TIERS = (Tier.DEVICE, Tier.SSD)  # the tiers that hold entries (what `cache ls` lists, `cache prune` trims)
+ALL_TIERS = "all"
+PRUNE_CHOICES = (*STORE_TIERS, ALL_TIERS)  # what `zllm cache prune --tier` (control: `tier`) may name
+
+
+def prune_tiers(choice: str) -> tuple[Tier, ...]:
+    """The tiers a `--tier` choice (one of PRUNE_CHOICES) names."""
+    return STORE_TIERS if choice == ALL_TIERS else (Tier(choice),)
 
 
 def _known(cls, data: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from zllm.cache_views import CacheEntry, CacheStats, SsdStats
+from zllm.cache_views import ALL_TIERS, PRUNE_CHOICES, CacheEntry, CacheStats, SsdStats
 from zllm.cli.connect import EXIT_USER, connect, daemon_errors
 from zllm.cli.explain_view import print_diagnosis, print_explanation, print_near_miss
 from zllm.cli.output import err, fail, fail_with, out, print_json
@@ -102,7 +102,7 @@ def _set_aside(ssd: SsdStats) -> str:
 def prune(
     older_than: str = typer.Option(None, "--older-than", help="Entries older than this (30m, 2h, 7d)."),
     max_size: str = typer.Option(None, "--max-size", help="Trim each tier down to this size (500MB, 2GiB)."),
-    tier: str = typer.Option("all", "--tier", help="device, ssd or all."),
+    tier: str = typer.Option(ALL_TIERS, "--tier", help="device, ssd or all."),
     namespace: str = typer.Option(None, "--namespace", help="Only this namespace (a prefix as `cache ls` shows)."),
     everything: bool = typer.Option(False, "--all", help="Everything in the chosen tier(s)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; remove nothing."),
@@ -114,8 +114,8 @@ def prune(
         max_bytes = parse_size(max_size) if max_size else None
     except ZllmError as exc:
         fail_with(exc)
-    if tier not in ("device", "ssd", "all"):
-        fail(f"--tier must be device, ssd or all, not {tier!r}", code=EXIT_USER)
+    if tier not in PRUNE_CHOICES:
+        fail(f"--tier must be {', '.join(PRUNE_CHOICES[:-1])} or {PRUNE_CHOICES[-1]}, not {tier!r}", code=EXIT_USER)
     if older_than_s is None and max_bytes is None and namespace is None:
         fail("nothing to prune by", hint="give --older-than, --max-size, --namespace or --all", code=EXIT_USER)
     with daemon_errors():

@@ -18,14 +18,11 @@ import re
 import time
 from typing import Any
 
-from zllm.cache_views import STORE_TIERS, CacheEntry, Tier
+from zllm.cache_views import ALL_TIERS, PRUNE_CHOICES, CacheEntry, Tier, prune_tiers
 from zllm.control.params import bool_param, float_param, int_param, str_param
 from zllm.control.protocol import NOT_FOUND, ControlError, PruneReport
 from zllm.control.served import NearMissRecord, ServedCache
 from zllm.errors import InvalidRequest
-
-ALL_TIERS = "all"
-TIERS = (*STORE_TIERS, ALL_TIERS)  # what `tier` may name
 
 
 def list_entries(cache: ServedCache) -> list[CacheEntry]:
@@ -53,9 +50,9 @@ class PruneRequest:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> PruneRequest:
-        tier = str_param(params, "tier", ALL_TIERS, choices=TIERS)
+        tier = str_param(params, "tier", ALL_TIERS, choices=PRUNE_CHOICES)
         request = cls(older_than_s=float_param(params, "older_than_s"), max_bytes=int_param(params, "max_bytes", None),
-                      tiers=STORE_TIERS if tier == ALL_TIERS else (Tier(tier),),
+                      tiers=prune_tiers(tier),
                       namespace=str_param(params, "namespace"), dry_run=bool_param(params, "dry_run"))
         if request.older_than_s is None and request.max_bytes is None and request.namespace is None:
             raise InvalidRequest("nothing to prune by", hint="give an age, a size bound or a namespace")
