@@ -24,11 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from zllm.cache_views import CacheEntry, CacheStats
 from zllm.errors import ZllmError
-
-__all__ = ["CacheEntry", "CacheStats", "ControlError", "DaemonStatus", "DaemonUnreachable", "LoadedModelInfo",
-           "PruneReport"]  # CacheEntry / CacheStats: the cache's own views (zllm/cache_views.py) go over the wire
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 4 << 20  # one message; a near-miss explanation or a cache listing stays far below
@@ -148,7 +144,7 @@ class LoadedModelInfo(_Wire):
 @dataclass(frozen=True)
 class PruneReport(_Wire):
     dry_run: bool
-    removed: list[dict[str, Any]] = field(default_factory=list)  # CacheEntry JSON (dry run: what would go)
+    removed: list[dict[str, Any]] = field(default_factory=list)  # cache_views.CacheEntry JSON (dry run: would go)
     device_freed_bytes: int = 0
     ssd_removed: int = 0
     freed_bytes: int = 0  # device + ssd (dry run: an estimate)
