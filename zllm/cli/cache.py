@@ -115,7 +115,7 @@ def prune(
     except ZllmError as exc:
         fail_with(exc)
     if tier not in PRUNE_CHOICES:
-        fail(f"--tier must be {', '.join(PRUNE_CHOICES[:-1])} or {PRUNE_CHOICES[-1]}, not {tier!r}", code=EXIT_USER)
+        fail(f"--tier must be device, ssd or all, not {tier!r}", code=EXIT_USER)
     if older_than_s is None and max_bytes is None and namespace is None:
         fail("nothing to prune by", hint="give --older-than, --max-size, --namespace or --all", code=EXIT_USER)
     with daemon_errors():
