@@ -186,7 +186,7 @@ def main() -> None:
         emit(figure="P6", name="cached_over_prompt_tokens_turn2plus", value=round(sum(ratios) / len(ratios), 4),
              per_turn=[round(r, 4) for r in ratios], goal=0.95, **common)
         settle(client)
-        emit(figure="cache_stats", **{k: v for k, v in client.prefix_cache.stats().items()
+        emit(figure="cache_stats", **{k: v for k, v in client.prefix_cache.stats().to_json().items()
                                       if isinstance(v, (int, float)) and v is not None})
         client.close()
     finally:

@@ -136,3 +136,14 @@ def test_the_module_level_checker_skips_type_checking_and_functions(tmp_path: Pa
     module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
                       "def f():\n    import transformers\ntry:\n    import torch.nn\nexcept ImportError:\n    pass\n")
     assert module_level_imports(module) == {"typing", "torch.nn"}
+
+
+# the cache's typed views are shared by the cache layer, the control socket and the CLI, which may not import
+# each other: a leaf of the standard library only, so that any of them can import it
+LEAF_MODULES = {"cache_views.py": {"__future__", "dataclasses", "enum", "typing"}}
+
+
+@pytest.mark.parametrize("module", sorted(LEAF_MODULES))
+def test_shared_leaf_modules_import_only_the_standard_library(module: str) -> None:
+    extra = imported_names(ROOT / module) - LEAF_MODULES[module]
+    assert not extra, f"zllm/{module} imports {sorted(extra)}"

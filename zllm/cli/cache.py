@@ -16,6 +16,7 @@ from pathlib import Path
 
 import typer
 
+from zllm.cache_views import ALL_TIERS, PRUNE_CHOICES, CacheEntry, CacheStats, SsdStats
 from zllm.cli.connect import EXIT_USER, connect, daemon_errors
 from zllm.cli.explain_view import print_diagnosis, print_explanation, print_near_miss
 from zllm.cli.output import err, fail, fail_with, out, print_json
@@ -27,7 +28,6 @@ from zllm.cli.units import (
     parse_size,
     percent,
 )
-from zllm.control.protocol import CacheEntry
 from zllm.errors import ZllmError
 
 cache_app = typer.Typer(name="cache", help="Inspect and trim the daemon's prefix cache.", no_args_is_help=True)
@@ -70,34 +70,31 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print the counters
     write_fields(_stats_lines(data))
 
 
-def _stats_lines(d: dict) -> list[tuple[str, str]]:
-    requests = d.get("requests", 0)
+def _stats_lines(data: dict) -> list[tuple[str, str]]:
+    s = CacheStats.from_json(data)
     lines = [
-        ("device tier", f"{human_size(d.get('device_bytes', 0))} of {human_size(d.get('device_budget_bytes', 0))} "
-                        f"({percent(d.get('device_fill'))}), {d.get('entries', 0)} entries in "
-                        f"{d.get('namespaces', 0)} namespaces, {human_size(d.get('pool_bytes', 0))} working buffers"),
+        ("device tier", f"{human_size(s.device_bytes)} of {human_size(s.device_budget_bytes)} "
+                        f"({percent(s.device_fill)}), {s.entries} entries in "
+                        f"{s.namespaces} namespaces, {human_size(s.pool_bytes)} working buffers"),
     ]
-    if "ssd_bytes" in d:
-        lines.append(("ssd tier", f"{human_size(d['ssd_bytes'])} of {human_size(d.get('ssd_budget_bytes', 0))} "
-                                  f"({percent(d.get('ssd_fill'))}), {d.get('ssd_snapshots', 0)} snapshots"
-                                  + _set_aside(d)))
+    if s.ssd is not None:
+        lines.append(("ssd tier", f"{human_size(s.ssd.bytes)} of {human_size(s.ssd.budget_bytes)} "
+                                  f"({percent(s.ssd_fill)}), {s.ssd.snapshots} snapshots" + _set_aside(s.ssd)))
     else:
-        lines.append(("ssd tier", f"off ({d['ssd_off']})" if d.get("ssd_off") else "off"))
-    cold = requests - d.get("device_hits", 0) - d.get("ssd_hits", 0)
+        lines.append(("ssd tier", f"off ({s.ssd_off})" if s.ssd_off else "off"))
     lines += [
-        ("requests", f"{requests}: {d.get('device_hits', 0)} device hits ({percent(d.get('device_hit_rate'))}), "
-                     f"{d.get('ssd_hits', 0)} ssd hits ({percent(d.get('ssd_hit_rate'))}), {cold} cold"),
-        ("tokens", f"{d.get('prompt_tokens', 0):,} prompt, {d.get('cached_tokens', 0):,} cached "
-                   f"({percent(d.get('token_hit_rate'))})"),
-        ("near misses", str(d.get("near_misses", 0))),
+        ("requests", f"{s.requests}: {s.device_hits} device hits ({percent(s.device_hit_rate)}), "
+                     f"{s.ssd_hits} ssd hits ({percent(s.ssd_hit_rate)}), {s.cold} cold"),
+        ("tokens", f"{s.prompt_tokens:,} prompt, {s.cached_tokens:,} cached ({percent(s.token_hit_rate)})"),
+        ("near misses", str(s.near_misses)),
     ]
     return lines
 
 
-def _set_aside(d: dict) -> str:
+def _set_aside(ssd: SsdStats) -> str:
     """What the SSD tier took out of service as damaged (kept in its quarantine directory)."""
-    parts = [f"{n} damaged set aside" for n in [d.get("ssd_quarantined", 0)] if n]
-    parts += ["its index set aside"] if d.get("ssd_index_set_aside") else []
+    parts = [f"{ssd.quarantined} damaged set aside"] if ssd.quarantined else []
+    parts += ["its index set aside"] if ssd.index_set_aside else []
     return f"; {', '.join(parts)}" if parts else ""
 
 
@@ -105,7 +102,7 @@ def _set_aside(d: dict) -> str:
 def prune(
     older_than: str = typer.Option(None, "--older-than", help="Entries older than this (30m, 2h, 7d)."),
     max_size: str = typer.Option(None, "--max-size", help="Trim each tier down to this size (500MB, 2GiB)."),
-    tier: str = typer.Option("all", "--tier", help="device, ssd or all."),
+    tier: str = typer.Option(ALL_TIERS, "--tier", help="device, ssd or all."),
     namespace: str = typer.Option(None, "--namespace", help="Only this namespace (a prefix as `cache ls` shows)."),
     everything: bool = typer.Option(False, "--all", help="Everything in the chosen tier(s)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; remove nothing."),
@@ -117,7 +114,7 @@ def prune(
         max_bytes = parse_size(max_size) if max_size else None
     except ZllmError as exc:
         fail_with(exc)
-    if tier not in ("device", "ssd", "all"):
+    if tier not in PRUNE_CHOICES:
         fail(f"--tier must be device, ssd or all, not {tier!r}", code=EXIT_USER)
     if older_than_s is None and max_bytes is None and namespace is None:
         fail("nothing to prune by", hint="give --older-than, --max-size, --namespace or --all", code=EXIT_USER)

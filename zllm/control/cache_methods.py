@@ -1,10 +1,11 @@
-"""`cache.*` control methods over the daemon's `PrefixCache` (duck-typed: stats / entries / prune / near_misses).
+"""`cache.*` control methods over the daemon's prefix cache (served.ServedCache: stats / entries / prune /
+near_misses). The cache's typed views (zllm/cache_views.py) become JSON here and nowhere else.
 
 These run in a worker thread (the SSD tier reads and deletes files; the device tier takes the cache lock the
 engine thread also takes), never on the event loop.
 
     cache.ls          → {"entries": [CacheEntry, ...]}                    newest use first, device then SSD
-    cache.stats       → {...PrefixCache.stats(), "device_fill": 0.42, "device_hit_rate": 0.8, ...}
+    cache.stats       → {"enabled": true, ...CacheStats.to_json()}: counters, "device_fill": 0.42, ...
     cache.prune       {"older_than_s": 3600, "max_bytes": null, "tier": "all", "namespace": "3f2a", "dry_run": true}
                       → PruneReport (a dry run predicts from the listing: an estimate for size bounds)
     cache.near_misses → {"near_misses": [NearMiss as JSON, ...]}
@@ -17,40 +18,23 @@ import re
 import time
 from typing import Any
 
+from zllm.cache_views import ALL_TIERS, PRUNE_CHOICES, CacheEntry, Tier, prune_tiers
 from zllm.control.params import bool_param, float_param, int_param, str_param
-from zllm.control.protocol import NOT_FOUND, CacheEntry, ControlError, PruneReport
+from zllm.control.protocol import NOT_FOUND, ControlError, PruneReport
+from zllm.control.served import NearMissRecord, ServedCache
 from zllm.errors import InvalidRequest
 
-TIERS = ("device", "ssd", "all")
+
+def list_entries(cache: ServedCache) -> list[CacheEntry]:
+    return cache.entries()
 
 
-def list_entries(cache) -> list[CacheEntry]:
-    return [_entry(raw) for raw in cache.entries()]
+def entries_json(cache: ServedCache) -> dict[str, Any]:
+    return {"entries": [e.to_json() for e in list_entries(cache)]}
 
 
-def _entry(raw: dict[str, Any]) -> CacheEntry:
-    return CacheEntry(tier=raw["tier"], id=raw["id"], namespace=raw["namespace"], tokens=raw["tokens"],
-                      prompt_tokens=raw.get("prompt_tokens", 0), bytes=raw.get("own_bytes", 0),
-                      round=raw.get("round", 1), hits=raw.get("hits", 0), created=raw.get("created", 0.0),
-                      last_used=raw.get("last_used"))
-
-
-def stats(cache) -> dict[str, Any]:
-    raw = dict(cache.stats())
-    requests, prompt_tokens = raw.get("requests", 0), raw.get("prompt_tokens", 0)
-    return {
-        "enabled": True,
-        **raw,
-        "device_fill": _ratio(raw.get("device_bytes", 0), raw.get("device_budget_bytes", 0)),
-        "ssd_fill": _ratio(raw.get("ssd_bytes", 0), raw.get("ssd_budget_bytes", 0)) if "ssd_bytes" in raw else None,
-        "device_hit_rate": _ratio(raw.get("device_hits", 0), requests),
-        "ssd_hit_rate": _ratio(raw.get("ssd_hits", 0), requests),
-        "token_hit_rate": _ratio(raw.get("cached_tokens", 0), prompt_tokens),
-    }
-
-
-def _ratio(part: float, whole: float) -> float | None:
-    return part / whole if whole else None
+def stats_json(cache: ServedCache | None) -> dict[str, Any]:
+    return {"enabled": True, **cache.stats().to_json()} if cache is not None else {"enabled": False}
 
 
 # ---------------------------------------------------------------------- prune
@@ -60,36 +44,36 @@ def _ratio(part: float, whole: float) -> float | None:
 class PruneRequest:
     older_than_s: float | None
     max_bytes: int | None
-    tiers: tuple[str, ...]
+    tiers: tuple[Tier, ...]
     namespace: str | None
     dry_run: bool
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> PruneRequest:
-        tier = str_param(params, "tier", "all", choices=TIERS)
+        tier = str_param(params, "tier", ALL_TIERS, choices=PRUNE_CHOICES)
         request = cls(older_than_s=float_param(params, "older_than_s"), max_bytes=int_param(params, "max_bytes", None),
-                      tiers=("device", "ssd") if tier == "all" else (tier,),
+                      tiers=prune_tiers(tier),
                       namespace=str_param(params, "namespace"), dry_run=bool_param(params, "dry_run"))
         if request.older_than_s is None and request.max_bytes is None and request.namespace is None:
             raise InvalidRequest("nothing to prune by", hint="give an age, a size bound or a namespace")
         return request
 
 
-def prune(cache, request: PruneRequest) -> PruneReport:
+def prune(cache: ServedCache, request: PruneRequest) -> PruneReport:
     before = list_entries(cache)
     namespace = resolve_namespace(request.namespace, before)
     if request.dry_run:
         doomed = predict_pruned(before, dataclasses.replace(request, namespace=namespace))
         return PruneReport(dry_run=True, removed=[e.to_json() for e in doomed],
-                           ssd_removed=sum(e.tier == "ssd" for e in doomed), freed_bytes=sum(e.bytes for e in doomed))
+                           ssd_removed=sum(e.tier == Tier.SSD for e in doomed),
+                           freed_bytes=sum(e.bytes for e in doomed))
     counts = cache.prune(older_than_s=request.older_than_s, max_bytes=request.max_bytes, namespace=namespace,
                          tiers=request.tiers)
     remaining = {(e.tier, e.id) for e in list_entries(cache)}
     removed = [e for e in before if (e.tier, e.id) not in remaining]
-    device_freed = counts.get("device_freed_bytes", 0)
-    return PruneReport(dry_run=False, removed=[e.to_json() for e in removed], device_freed_bytes=device_freed,
-                       ssd_removed=counts.get("ssd_removed", 0),
-                       freed_bytes=device_freed + sum(e.bytes for e in removed if e.tier == "ssd"))
+    return PruneReport(dry_run=False, removed=[e.to_json() for e in removed],
+                       device_freed_bytes=counts.device_freed_bytes, ssd_removed=counts.ssd_removed,
+                       freed_bytes=counts.device_freed_bytes + sum(e.bytes for e in removed if e.tier == Tier.SSD))
 
 
 def resolve_namespace(given: str | None, entries: list[CacheEntry]) -> str | None:
@@ -130,7 +114,7 @@ def predict_pruned(entries: list[CacheEntry], request: PruneRequest, now: float 
 
 
 def _age_clock(entry: CacheEntry) -> float:
-    return entry.last_used if entry.tier == "ssd" and entry.last_used is not None else entry.created
+    return entry.last_used if entry.tier == Tier.SSD and entry.last_used is not None else entry.created
 
 
 # ---------------------------------------------------------------------- near misses
@@ -138,11 +122,11 @@ def _age_clock(entry: CacheEntry) -> float:
 _REPORTED = re.compile(r"near miss of (?P<entry>\S+) at token (?P<index>\d+)")
 
 
-def near_miss_json(record) -> dict[str, Any]:
+def near_miss_json(record: NearMissRecord) -> dict[str, Any]:
     return dataclasses.asdict(record)
 
 
-def find_near_miss(records: list, request_id: str | None, reported: str | None):
+def find_near_miss(records: list[NearMissRecord], request_id: str | None, reported: str | None) -> NearMissRecord:
     """The near-miss record of `request_id` (None: the newest). `reported` is that request's trace line
     ("near miss of <entry> at token N ..."), used when records do not carry request ids."""
     if not records:
@@ -151,7 +135,7 @@ def find_near_miss(records: list, request_id: str | None, reported: str | None):
     if request_id is None:
         return records[-1]
     for record in reversed(records):
-        if getattr(record, "request_id", None) == request_id:
+        if record.request_id == request_id:
             return record
     match = _REPORTED.search(reported or "")
     if match is not None:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from zllm.cache_views import ALL_TIERS, CacheEntry
 from zllm.control.protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
-    CacheEntry,
     ControlError,
     DaemonStatus,
     DaemonUnreachable,
@@ -68,7 +68,7 @@ class ControlClient:
         return self.call("cache.stats")
 
     def cache_prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
-                    tier: str = "all", namespace: str | None = None, dry_run: bool = False) -> PruneReport:
+                    tier: str = ALL_TIERS, namespace: str | None = None, dry_run: bool = False) -> PruneReport:
         params = {"older_than_s": older_than_s, "max_bytes": max_bytes, "tier": tier, "namespace": namespace,
                   "dry_run": dry_run}
         return PruneReport.from_json(self.call("cache.prune", **params))

@@ -16,8 +16,8 @@
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
     shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
 
-No torch and no runtime imports: the engine (`LocalEngineClient`), its prefix cache and the trace hub are
-used through the attributes they have, so this layer can be tested with plain fakes.
+No torch and no runtime imports: the engine is used only as a `served.ServedEngine` (LocalEngineClient is
+the production one), its prefix cache as a `served.ServedCache`, so this layer can be tested with small fakes.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
 from zllm.control.protocol import BAD_REQUEST, NOT_FOUND, NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+from zllm.control.served import ServedCache, ServedEngine
 from zllm.errors import InvalidRequest
 
 
@@ -63,7 +64,7 @@ class ControlMethods:
         self._logs = logs
         self._request_shutdown = request_shutdown
         self._explain = explain
-        self._engine = None
+        self._engine: ServedEngine | None = None
         self._model: LoadedModelInfo | None = None
         self._responses = None
         # response id -> (namespace, diagnosis with .to_json()) or None: the fingerprint store's lookup
@@ -73,7 +74,7 @@ class ControlMethods:
         """The Responses store (zllm.store.ResponseStore: stats / prune / compact), open before the model loads."""
         self._responses = store
 
-    def attach(self, engine, model: LoadedModelInfo) -> None:
+    def attach(self, engine: ServedEngine, model: LoadedModelInfo) -> None:
         self._engine, self._model, self.phase = engine, model, "ready"
 
     def attach_diagnoses(self, lookup: Callable[[str], Any]) -> None:
@@ -98,7 +99,7 @@ class ControlMethods:
         return DaemonStatus(
             version=f.version, pid=f.pid, phase=self.phase, started_at=f.started_at,
             uptime_s=time.time() - f.started_at, model=f.model, http_url=f.http_url, host=f.host, port=f.port,
-            queue_waiting=engine.engine.waiting if engine is not None else 0, requests_running=self._trace.running,
+            queue_waiting=engine.queue_waiting if engine is not None else 0, requests_running=self._trace.running,
             max_queue=f.max_queue, socket=f.socket, data_dir=f.data_dir, log_file=f.log_file,
         ).to_json()
 
@@ -108,14 +109,11 @@ class ControlMethods:
         model = self._model
         cache = self._engine.prefix_cache
         if cache is not None:
-            raw = await asyncio.to_thread(cache.stats)
-            model = replace(model, kv_cache_bytes=raw.get("device_bytes", 0) + raw.get("pool_bytes", 0),
-                            kv_cache_budget_bytes=raw.get("device_budget_bytes", 0))
-        model = replace(model, resident_bytes=resident_bytes())
-        choice = getattr(self._engine, "dialect_choice", None)
-        if choice is not None:
-            model = replace(model, dialect=str(getattr(choice, "name", "")),
-                            dialect_reason=str(getattr(choice, "reason", "")))
+            stats = await asyncio.to_thread(cache.stats)
+            model = replace(model, kv_cache_bytes=stats.device_bytes + stats.pool_bytes,
+                            kv_cache_budget_bytes=stats.device_budget_bytes)
+        choice = self._engine.dialect_choice
+        model = replace(model, resident_bytes=resident_bytes(), dialect=choice.name, dialect_reason=choice.reason)
         return {"models": [model.to_json()]}
 
     async def shutdown(self, params: dict) -> dict:
@@ -127,12 +125,10 @@ class ControlMethods:
 
     async def cache_ls(self, params: dict) -> dict:
         cache = self._cache()
-        entries = await asyncio.to_thread(cache_methods.list_entries, cache) if cache is not None else []
-        return {"entries": [e.to_json() for e in entries]}
+        return await asyncio.to_thread(cache_methods.entries_json, cache) if cache is not None else {"entries": []}
 
     async def cache_stats(self, params: dict) -> dict:
-        cache = self._cache()
-        return await asyncio.to_thread(cache_methods.stats, cache) if cache is not None else {"enabled": False}
+        return await asyncio.to_thread(cache_methods.stats_json, self._cache())
 
     async def cache_prune(self, params: dict) -> dict:
         request = cache_methods.PruneRequest.from_params(params)
@@ -168,7 +164,7 @@ class ControlMethods:
         namespace, diagnosis = found
         return {"response_id": response_id, "namespace": namespace, "diagnosis": diagnosis.to_json()}
 
-    def _cache(self):
+    def _cache(self) -> ServedCache | None:
         if self._engine is None:
             raise ControlError(NOT_READY, "the daemon is still loading its model",
                                hint="wait until `zllm status` says ready")

@@ -140,23 +140,9 @@ class LoadedModelInfo(_Wire):
 
 
 @dataclass(frozen=True)
-class CacheEntry(_Wire):
-    tier: str  # "device" or "ssd"
-    id: str
-    namespace: str
-    tokens: int
-    prompt_tokens: int = 0
-    bytes: int = 0  # device: bytes freed if only this entry went; ssd: the snapshot's size
-    round: int = 1
-    hits: int = 0
-    created: float = 0.0
-    last_used: float | None = None
-
-
-@dataclass(frozen=True)
 class PruneReport(_Wire):
     dry_run: bool
-    removed: list[dict[str, Any]] = field(default_factory=list)  # CacheEntry JSON (dry run: what would go)
+    removed: list[dict[str, Any]] = field(default_factory=list)  # cache_views.CacheEntry JSON (dry run: would go)
     device_freed_bytes: int = 0
     ssd_removed: int = 0
     freed_bytes: int = 0  # device + ssd (dry run: an estimate)

@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from zllm.cache_views import Tier
+
 log = logging.getLogger("zllm.kvcache")
 
 WINDOW_TOKENS = 24
@@ -35,7 +37,7 @@ WINDOW_TOKENS = 24
 class NearMiss:
     namespace: str
     entry_id: str  # the cached sequence the request diverged from
-    tier: str  # "device" or "ssd"
+    tier: Tier  # DEVICE or SSD: where the diverging entry lives
     divergence: int  # index of the first differing token
     entry_tokens: int
     request_tokens: int
@@ -66,7 +68,7 @@ class NearMissLog:
         return (shared >= self.min_tokens and shared > self.min_fraction * entry_length
                 and shared < min(entry_length, request_length))
 
-    def record(self, *, namespace: str, entry_id: str, tier: str, request: Sequence[int], entry: Sequence[int],
+    def record(self, *, namespace: str, entry_id: str, tier: Tier, request: Sequence[int], entry: Sequence[int],
                shared: int, prompt_length: int | None = None,
                describe: Callable[[int], str] | None = None, request_id: str = "") -> NearMiss:
         lo = max(0, shared - WINDOW_TOKENS)

@@ -25,6 +25,7 @@ from functools import partial
 
 import torch
 
+from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
 from zllm.kvcache.near_miss import NearMiss
@@ -47,7 +48,7 @@ class Lease:
     prompt: tuple[int, ...]
     working: KVState  # pooled buffers with room for prompt + reserved decode; [0, cached_tokens) restored
     cached_tokens: int
-    tier: str  # "cold", "device", "device-hint", "ssd", "ssd-hint"
+    tier: Tier  # where the cached prefix came from (COLD: nowhere)
     locked: Node | None = None
     lineage: Entry | None = None  # the device entry this request's conversation continues
     round: int = 1
@@ -99,7 +100,7 @@ class PrefixCache(CacheTiers):
             working = self.pool.take(capacity)
             _copy_path(match, working)
         lineage = found.best.entry if found.best is not None and found.best.continues else None
-        tier = ("device-hint" if found.hint_verified else "device") if match.length else "cold"
+        tier = Tier.hit(Tier.DEVICE, found.hint_verified) if match.length else Tier.COLD
         lease = Lease(namespace, prompt, working, match.length, tier, locked, lineage,
                       round=lineage.round + 1 if lineage else 1, hint=hint)
         try:
@@ -113,11 +114,11 @@ class PrefixCache(CacheTiers):
             self.release(lease)
             raise
         with self._lock:
-            self.counters["requests"] += 1
-            self.counters["prompt_tokens"] += len(prompt)
-            self.counters["cached_tokens"] += lease.cached_tokens
-            if lease.tier.startswith("device"):
-                self.counters["device_hits"] += 1
+            self.counters.requests += 1
+            self.counters.prompt_tokens += len(prompt)
+            self.counters.cached_tokens += lease.cached_tokens
+            if lease.tier.on_device:
+                self.counters.device_hits += 1
                 if lineage is not None:
                     self.device_tier.touch(lineage)
         return lease
@@ -144,18 +145,18 @@ class PrefixCache(CacheTiers):
             if not isinstance(outcome, SnapshotInvalid):
                 raise outcome
             with self._lock:
-                self.counters["ssd_rejected"] += 1
+                self.counters.ssd_rejected += 1
             lease.rejected = f"SSD snapshot {match.row.id} set aside: {outcome}"
             log.warning("kv cache: SSD snapshot rejected, prefilling instead: %s", outcome)
             return
         self.cost.observe_restore(outcome, lease.restore_s)
         gain = match.length - lease.cached_tokens
-        lease.cached_tokens, lease.tier = match.length, "ssd-hint" if match.hinted else "ssd"
+        lease.cached_tokens, lease.tier = match.length, Tier.hit(Tier.SSD, match.hinted)
         if lease.lineage is None and match.length >= match.row.prompt_len:
             lease.round = match.row.round + 1
         with self._lock:
-            self.counters["ssd_hits"] += 1
-            self.counters["cached_tokens"] += gain
+            self.counters.ssd_hits += 1
+            self.counters.cached_tokens += gain
 
     @staticmethod
     def _outcome(read: Callable, lease) -> object:
@@ -188,7 +189,10 @@ class PrefixCache(CacheTiers):
         hint_key = hint_key or (lease.hint if lease.hint not in self.device_tier.entries else None)
         with self._lock:
             entry = self._keep_resident(lease, sequence, state, entry_id, prompt_length, hint_key)
-            self.counters["kept" if entry is not None else "not_kept"] += 1
+            if entry is not None:
+                self.counters.kept += 1
+            else:
+                self.counters.not_kept += 1
             self._submit_snapshot(lease, sequence, state, entry, entry_id, prompt_length, hint_key)
             self._end(lease, buffers)
         return entry is not None
@@ -200,44 +204,42 @@ class PrefixCache(CacheTiers):
 
     # ------------------------------------------------------------------ any thread
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> CacheStats:
+        ssd = self._ssd_stats()  # under the SSD store's own lock, not this one
         with self._lock:
             tier = self.device_tier
-            stats: dict[str, object] = {
-                "device_bytes": tier.bytes, "device_budget_bytes": tier.budget_bytes, "pool_bytes": self.pool.bytes,
-                "pool_in_use_bytes": self.pool.in_use_bytes(),
+            return CacheStats(
+                device_bytes=tier.bytes, device_budget_bytes=tier.budget_bytes, pool_bytes=self.pool.bytes,
+                pool_in_use_bytes=self.pool.in_use_bytes(),
                 # bytes on retained entries' paths: equals device_bytes unless something else (a lock) pins nodes
-                "retained_bytes": sum(n.nbytes for n in {n for e in tier.entries.values() for n in e.node.path()}),
-                "entries": len(tier.entries), "nodes": sum(len(t.nodes()) for t in tier.trees.values()),
-                "namespaces": len(tier.trees), **self._common_stats(),
-            }
-        return {**stats, **self._ssd_stats()}
+                retained_bytes=sum(n.nbytes for n in {n for e in tier.entries.values() for n in e.node.path()}),
+                entries=len(tier.entries), nodes=sum(len(t.nodes()) for t in tier.trees.values()),
+                namespaces=len(tier.trees), **self._common_stats(), **ssd)
 
-    def entries(self) -> list[dict[str, object]]:
+    def entries(self) -> list[CacheEntry]:
         """Everything cached, newest use first: device entries, then SSD snapshots."""
         with self._lock:
-            device = [{"tier": "device", "id": e.id, "namespace": e.namespace, "tokens": e.length,
-                       "prompt_tokens": e.prompt_length, "own_bytes": _exclusive_bytes(e.node), "round": e.round,
-                       "conversation": e.conversation, "created": e.created, "hits": e.hits}
+            device = [CacheEntry(tier=Tier.DEVICE, id=e.id, namespace=e.namespace, tokens=e.length,
+                                 prompt_tokens=e.prompt_length, bytes=_exclusive_bytes(e.node), round=e.round,
+                                 hits=e.hits, created=e.created)
                       for e in sorted(self.device_tier.entries.values(), key=lambda e: e.last_used, reverse=True)]
         return device + self._ssd_entries()
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
-              namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
-        """Drop cached state by age and/or namespace, then down to `max_bytes` per tier; returns counts."""
-        out = {"device_freed_bytes": 0, "ssd_removed": 0}
-        if "device" in tiers:
+              namespace: str | None = None, tiers: tuple[Tier, ...] = STORE_TIERS) -> PruneCounts:
+        """Drop cached state by age and/or namespace, then down to `max_bytes` per tier."""
+        device_freed, ssd_removed = 0, 0
+        if Tier.DEVICE in tiers:
             with self._lock:
                 if older_than_s is not None or namespace is not None:
-                    out["device_freed_bytes"] += self.device_tier.prune(older_than_s=older_than_s, namespace=namespace)
+                    device_freed += self.device_tier.prune(older_than_s=older_than_s, namespace=namespace)
                 if max_bytes is not None:
                     saved, self.device_tier.budget_bytes = self.device_tier.budget_bytes, max_bytes
-                    out["device_freed_bytes"] += self.device_tier.make_room(0)
+                    device_freed += self.device_tier.make_room(0)
                     self.device_tier.budget_bytes = saved
-        if "ssd" in tiers and self.store is not None:
-            out["ssd_removed"] = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes,
-                                                      namespace=namespace))
-        return out
+        if Tier.SSD in tiers and self.store is not None:
+            ssd_removed = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes, namespace=namespace))
+        return PruneCounts(device_freed_bytes=device_freed, ssd_removed=ssd_removed)
 
     def check_integrity(self) -> None:
         with self._lock:
@@ -263,7 +265,7 @@ class PrefixCache(CacheTiers):
         gain = length - lease.cached_tokens
         if not self.cost.restore_pays(gain, gain * self.layout.bytes_per_token):
             with self._lock:
-                self.counters["ssd_not_worth_it"] += 1
+                self.counters.ssd_not_worth_it += 1
             return None, diverged
         return SsdMatch(match.row, length, match.hinted), diverged
 
@@ -271,13 +273,13 @@ class PrefixCache(CacheTiers):
                         describe: Callable[[int], str] | None, request_id: str) -> None:
         best, near = found.best, self.near_miss_log
         if best is not None and near.qualifies(best.matched, best.entry.length, len(lease.prompt)):
-            lease.near_miss = near.record(namespace=lease.namespace, entry_id=best.entry.id, tier="device",
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=best.entry.id, tier=Tier.DEVICE,
                                           request=lease.prompt, entry=best.entry.node.sequence(),
                                           shared=best.matched, prompt_length=best.entry.prompt_length,
                                           describe=describe, request_id=request_id)
         elif diverged is not None and near.qualifies(diverged.length, diverged.row.length, len(lease.prompt)):
             row = diverged.row
-            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier="ssd",
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier=Tier.SSD,
                                           request=lease.prompt, entry=unpack_tokens(row.tokens),
                                           shared=diverged.length, prompt_length=row.prompt_len, describe=describe,
                                           request_id=request_id)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
@@ -83,7 +84,7 @@ class SequenceLease:
     prompt: tuple[int, ...]
     sequence: Any  # the engine's sequence, holding [0, cached_tokens) already
     cached_tokens: int
-    tier: str  # "cold", "device", "device-hint", "ssd", "ssd-hint"
+    tier: Tier  # where the cached prefix came from (COLD: nowhere)
     reserved: int  # pool tokens reserved for this request while it runs
     round: int = 1
     hint: str | None = None
@@ -143,11 +144,11 @@ class SequencePrefixCache(CacheTiers):
                 self.complete_ssd(lease, self._outcome(lease))
             self.diagnose(lease)
         with self._lock:
-            self.counters["requests"] += 1
-            self.counters["prompt_tokens"] += len(prompt)
-            self.counters["cached_tokens"] += lease.cached_tokens
-            if lease.tier.startswith("device"):
-                self.counters["device_hits"] += 1
+            self.counters.requests += 1
+            self.counters.prompt_tokens += len(prompt)
+            self.counters.cached_tokens += lease.cached_tokens
+            if lease.tier.on_device:
+                self.counters.device_hits += 1
         return lease
 
     def read_ssd(self, lease: SequenceLease) -> memoryview:
@@ -177,16 +178,16 @@ class SequencePrefixCache(CacheTiers):
                 self.cost.observe_restore(match.row.nbytes, lease.restore_s)
                 gain = match.length - lease.cached_tokens
                 lease.sequence, lease.cached_tokens = seq, match.length
-                lease.tier = "ssd-hint" if match.hinted else "ssd"
+                lease.tier = Tier.hit(Tier.SSD, match.hinted)
                 lease.round = match.row.round + 1 if match.length >= match.row.prompt_len else 1
                 with self._lock:
-                    self.counters["ssd_hits"] += 1
-                    self.counters["cached_tokens"] += gain
+                    self.counters.ssd_hits += 1
+                    self.counters.cached_tokens += gain
                 return
         if not isinstance(outcome, Exception):
             raise outcome
         with self._lock:
-            self.counters["ssd_rejected"] += 1
+            self.counters.ssd_rejected += 1
         lease.rejected = f"SSD snapshot {match.row.id} set aside: {outcome}"
         log.warning("kv cache: SSD snapshot %s rejected, prefilling instead: %s", match.row.id, outcome)
 
@@ -218,14 +219,14 @@ class SequencePrefixCache(CacheTiers):
             self._end(lease)
             if self.config.rounds == 0 or not sequence or len(sequence) + self.reserved > self.cells:
                 self.engine.release(state)
-                self.counters["not_kept"] += 1
+                self.counters.not_kept += 1
                 return False
             self._submit_snapshot(lease, sequence, state, entry_id, prompt_length, hint_key)
             self._drop_superseded(lease.namespace, sequence)
             self.entries_by_id[entry_id] = SequenceEntry(entry_id, lease.namespace, sequence, state, prompt_length,
                                                          lease.round, hint_key)
             self._make_room(0)
-            self.counters["kept"] += 1
+            self.counters.kept += 1
             return entry_id in self.entries_by_id
 
     def release(self, lease: SequenceLease, buffers: Any = None) -> None:
@@ -236,44 +237,42 @@ class SequencePrefixCache(CacheTiers):
 
     # ------------------------------------------------------------------ any thread
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> CacheStats:
+        ssd = self._ssd_stats()  # under the SSD store's own lock, not this one
         with self._lock:
             entries = list(self.entries_by_id.values())
             held = sum(e.length for e in entries)
-            stats: dict[str, object] = {
-                "device_bytes": held * self.bytes_per_token,
-                "device_budget_bytes": self.cells * self.bytes_per_token,
+            return CacheStats(
+                device_bytes=held * self.bytes_per_token,
+                device_budget_bytes=self.cells * self.bytes_per_token,
                 # the pool is allocated whole: what entries do not hold is the running rows' room
-                "pool_bytes": max(self.cells - held, 0) * self.bytes_per_token,
-                "pool_in_use_bytes": self.reserved * self.bytes_per_token,
-                "retained_bytes": held * self.bytes_per_token,
-                "entries": len(entries), "nodes": len(entries), "namespaces": len({e.namespace for e in entries}),
-                **self._common_stats(),
-            }
-        return {**stats, **self._ssd_stats()}
+                pool_bytes=max(self.cells - held, 0) * self.bytes_per_token,
+                pool_in_use_bytes=self.reserved * self.bytes_per_token,
+                retained_bytes=held * self.bytes_per_token,
+                entries=len(entries), nodes=len(entries), namespaces=len({e.namespace for e in entries}),
+                **self._common_stats(), **ssd)
 
-    def entries(self) -> list[dict[str, object]]:
+    def entries(self) -> list[CacheEntry]:
         with self._lock:
-            device = [{"tier": "device", "id": e.id, "namespace": e.namespace, "tokens": e.length,
-                       "prompt_tokens": e.prompt_length, "own_bytes": e.length * self.bytes_per_token,
-                       "round": e.round, "conversation": e.id, "created": e.created, "hits": e.hits}
+            device = [CacheEntry(tier=Tier.DEVICE, id=e.id, namespace=e.namespace, tokens=e.length,
+                                 prompt_tokens=e.prompt_length, bytes=e.length * self.bytes_per_token,
+                                 round=e.round, hits=e.hits, created=e.created)
                       for e in sorted(self.entries_by_id.values(), key=lambda e: e.last_used, reverse=True)]
         return device + self._ssd_entries()
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
-              namespace: str | None = None, tiers: tuple[str, ...] = ("device", "ssd")) -> dict[str, int]:
+              namespace: str | None = None, tiers: tuple[Tier, ...] = STORE_TIERS) -> PruneCounts:
         """Device entries leave the listing now and give their sequences back at the engine's next acquire
         (the pool is engine-thread only)."""
-        out = {"device_freed_bytes": 0, "ssd_removed": 0}
-        if "device" in tiers:
+        device_freed, ssd_removed = 0, 0
+        if Tier.DEVICE in tiers:
             with self._lock:
                 for entry in self._doomed(older_than_s, max_bytes, namespace):
                     self._pending_release.append(self.entries_by_id.pop(entry.id).seq)
-                    out["device_freed_bytes"] += entry.length * self.bytes_per_token
-        if "ssd" in tiers and self.store is not None:
-            out["ssd_removed"] = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes,
-                                                      namespace=namespace))
-        return out
+                    device_freed += entry.length * self.bytes_per_token
+        if Tier.SSD in tiers and self.store is not None:
+            ssd_removed = len(self.store.prune(older_than_s=older_than_s, max_bytes=max_bytes, namespace=namespace))
+        return PruneCounts(device_freed_bytes=device_freed, ssd_removed=ssd_removed)
 
     def _doomed(self, older_than_s: float | None, max_bytes: int | None, namespace: str | None) -> list:
         """Entries a prune drops: by age and/or namespace, then least recently used down to `max_bytes`."""
@@ -326,9 +325,9 @@ class SequencePrefixCache(CacheTiers):
         if entry is not None and device_length > 0:
             entry.last_used, entry.hits = time.monotonic(), entry.hits + 1
             seq = self.engine.share(entry.seq, device_length)
-            return SequenceLease(namespace, prompt, seq, device_length, "device-hint" if hinted else "device",
-                                 reserve, round=entry.round + 1, hint=hint)
-        return SequenceLease(namespace, prompt, self.engine.open(), 0, "cold", reserve, hint=hint)
+            return SequenceLease(namespace, prompt, seq, device_length, Tier.hit(Tier.DEVICE, hinted), reserve,
+                                 round=entry.round + 1, hint=hint)
+        return SequenceLease(namespace, prompt, self.engine.open(), 0, Tier.COLD, reserve, hint=hint)
 
     def _plan_ssd(self, lease: SequenceLease, limit: int) -> SequenceMatch | None:
         """The snapshot worth reading instead of recomputing, cut to what the request shares with it (memory
@@ -341,15 +340,15 @@ class SequencePrefixCache(CacheTiers):
         length = min(match.length, limit)
         if not self.cost.restore_pays(length - lease.cached_tokens, match.row.nbytes):
             with self._lock:
-                self.counters["ssd_not_worth_it"] += 1
+                self.counters.ssd_not_worth_it += 1
             return None
         return SequenceMatch(match.row, length, match.hinted)
 
     def _note_near_miss(self, lease: SequenceLease, entry: SequenceEntry | None, shared: int,
                         describe: Callable[[int], str] | None, request_id: str) -> None:
         near = self.near_miss_log
-        if entry is not None and lease.tier != "ssd" and near.qualifies(shared, entry.length, len(lease.prompt)):
-            lease.near_miss = near.record(namespace=lease.namespace, entry_id=entry.id, tier="device",
+        if entry is not None and lease.tier is not Tier.SSD and near.qualifies(shared, entry.length, len(lease.prompt)):
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=entry.id, tier=Tier.DEVICE,
                                           request=lease.prompt, entry=entry.tokens, shared=shared,
                                           prompt_length=entry.prompt_length, describe=describe,
                                           request_id=request_id)
@@ -357,7 +356,7 @@ class SequencePrefixCache(CacheTiers):
         diverged = self.store.diverging(lease.namespace, lease.prompt) if self.store is not None else None
         if diverged is not None and near.qualifies(diverged.length, diverged.row.length, len(lease.prompt)):
             row = diverged.row
-            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier="ssd",
+            lease.near_miss = near.record(namespace=lease.namespace, entry_id=row.id, tier=Tier.SSD,
                                           request=lease.prompt, entry=unpack_tokens(row.tokens),
                                           shared=diverged.length, prompt_length=row.prompt_len,
                                           describe=describe, request_id=request_id)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import xxhash
 
+from zllm.cache_views import SsdStats
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
@@ -208,11 +209,11 @@ class SequenceSnapshots:
         with self._lock:
             return sorted(self.rows.values(), key=lambda r: r.last_used, reverse=True)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> SsdStats:
         with self._lock:
-            return {"snapshots": len(self.rows), "bytes": sum(r.nbytes for r in self.rows.values()),
-                    "budget_bytes": self.budget_bytes, "quarantined": self.quarantined,
-                    "index_set_aside": self.index_set_aside}
+            return SsdStats(snapshots=len(self.rows), bytes=sum(r.nbytes for r in self.rows.values()),
+                            budget_bytes=self.budget_bytes, quarantined=self.quarantined,
+                            index_set_aside=self.index_set_aside)
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None) -> list[str]:

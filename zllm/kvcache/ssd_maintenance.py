@@ -12,6 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from zllm.cache_views import SsdStats
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header
@@ -170,10 +171,10 @@ class Maintenance:
         with self._lock:
             return sorted(self.rows.values(), key=lambda r: r.last_used, reverse=True)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> SsdStats:
         with self._lock:
-            return {"snapshots": len(self.rows), "bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
-                    **self.counters}
+            return SsdStats(snapshots=len(self.rows), bytes=self.total_bytes, budget_bytes=self.budget_bytes,
+                            **self.counters)
 
     def flush_touches(self) -> None:
         with self._lock:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
 
+from zllm.cache_views import CacheEntry, Tier
 from zllm.kvcache.cost import CostModel
 from zllm.kvcache.near_miss import NearMiss, NearMissLog
 from zllm.kvcache.ssd_index import IndexLocked
@@ -18,8 +20,21 @@ from zllm.kvcache.writer import SnapshotWriter
 log = logging.getLogger("zllm.kvcache")
 Store = TypeVar("Store")
 
-COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "device_hits", "ssd_hits", "ssd_not_worth_it",
-            "ssd_rejected", "kept", "not_kept")
+
+
+@dataclass(slots=True)
+class Counters:
+    """What both caches count (CacheStats carries them out). Slots: a misspelt counter fails where it is bumped."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    device_hits: int = 0
+    ssd_hits: int = 0
+    ssd_not_worth_it: int = 0
+    ssd_rejected: int = 0
+    kept: int = 0
+    not_kept: int = 0
 
 
 def open_ssd_tier(open_store: Callable[[], Store]) -> tuple[Store | None, str | None]:
@@ -46,7 +61,7 @@ class CacheTiers:
         self._cost_key = cost_key
         self.cost = CostModel.from_json(store.index.get_meta(cost_key) if store is not None else None)
         self._lock = threading.RLock()
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = Counters()
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
@@ -68,20 +83,20 @@ class CacheTiers:
             diagnose()
 
     def _common_stats(self) -> dict[str, object]:
-        return {**self.counters, "near_misses": len(self.near_miss_log.records()),
+        """CacheStats' fields that do not depend on what a device entry is (caller holds the lock)."""
+        return {**asdict(self.counters), "near_misses": len(self.near_miss_log.records()),
                 "prefill_s_per_token": self.cost.prefill_s_per_token,
                 "restore_s_per_byte": self.cost.restore_s_per_byte}
 
     def _ssd_stats(self) -> dict[str, object]:
+        """CacheStats' `ssd` / `ssd_off`."""
         if self.store is None:
-            return {"ssd_off": self.ssd_off} if self.ssd_off else {}
-        return {**{f"ssd_{k}": v for k, v in self.store.stats().items()},
-                "ssd_dropped_jobs": self.writer.dropped if self.writer else 0}
+            return {"ssd": None, "ssd_off": self.ssd_off}
+        return {"ssd": replace(self.store.stats(), dropped_jobs=self.writer.dropped if self.writer else 0)}
 
-    def _ssd_entries(self) -> list[dict[str, object]]:
-        return [{"tier": "ssd", "id": r.id, "namespace": r.namespace, "tokens": r.length,
-                 "prompt_tokens": r.prompt_len, "own_bytes": r.nbytes, "round": r.round, "parent": r.parent,
-                 "created": r.created, "last_used": r.last_used, "hits": r.hits, "model": r.model}
+    def _ssd_entries(self) -> list[CacheEntry]:
+        return [CacheEntry(tier=Tier.SSD, id=r.id, namespace=r.namespace, tokens=r.length, prompt_tokens=r.prompt_len,
+                           bytes=r.nbytes, round=r.round, hits=r.hits, created=r.created, last_used=r.last_used)
                 for r in (self.store.snapshots() if self.store else [])]
 
     def _close_tiers(self) -> None:

@@ -197,6 +197,11 @@ class LocalEngineClient:
         return self.renderer.choice
 
     @property
+    def queue_waiting(self) -> int:
+        """Requests admitted but not yet started by the engine (`zllm status`; --max-queue bounds it)."""
+        return self.engine.waiting
+
+    @property
     def context_length(self) -> int:
         return self.loaded.context_length
 
@@ -267,8 +272,8 @@ class LocalEngineClient:
             raise ModelNotFound(model, available=[self.model_name])
 
     def _check_queue(self) -> None:
-        if self.engine.waiting >= self.max_queue:
-            raise Overloaded(f"{self.engine.waiting} requests are already waiting for the engine",
+        if self.queue_waiting >= self.max_queue:
+            raise Overloaded(f"{self.queue_waiting} requests are already waiting for the engine",
                              hint="retry shortly, or raise --max-queue")
 
     def _prepare(self, request: ChatRequest) -> tuple[RenderedPrompt, Fence | None, RequestFingerprint]:

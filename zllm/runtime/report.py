@@ -13,6 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from zllm.cache_views import Tier
+
 Phase = Literal["started", "finished"]
 
 
@@ -25,7 +27,7 @@ class RequestReport:
     namespace: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    cache_tier: str = "cold"  # "device" / "ssd" / "cold" / "off"
+    cache_tier: str = Tier.COLD  # a Tier's word ("device", "ssd-hint", ...), or "off" (no prefix cache)
     restore_s: float | None = None  # admission (lookup + restore) time
     prefill_s: float | None = None  # restore included: the request's time to its first logits
     ttft_s: float | None = None  # submission (queue wait included) to first streamed output

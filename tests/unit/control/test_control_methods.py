@@ -1,4 +1,5 @@
-"""The daemon's control methods over a real socket, with a fake engine and prefix cache behind them."""
+"""The daemon's control methods over a real socket, with a fake engine and prefix cache behind them (small
+fakes that satisfy zllm/control/served.py's protocols, as the real client and caches do)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from zllm.cache_views import CacheEntry, CacheStats, PruneCounts, SsdStats, Tier
 from zllm.control.client import ControlClient
 from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import ControlError, LoadedModelInfo
+from zllm.control.served import ServedCache, ServedEngine
 from zllm.runtime.report import RequestReport
 from zllm.runtime.trace import LogHub, TraceHub
 from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore, RequestFingerprint
@@ -22,7 +25,7 @@ NOW = time.time()
 class FakeNearMiss:  # the fields of zllm.kvcache.NearMiss
     namespace: str
     entry_id: str
-    tier: str
+    tier: Tier
     divergence: int
     entry_tokens: int
     request_tokens: int
@@ -31,6 +34,7 @@ class FakeNearMiss:  # the fields of zllm.kvcache.NearMiss
     request_after: str = "10:05"
     entry_after: str = "10:00"
     segment: str | None = "system"
+    request_id: str = ""
     at: float = field(default=NOW)
 
 
@@ -38,39 +42,55 @@ class FakeCache:
     def __init__(self) -> None:
         now = time.time()  # ages are relative to the moment the cache is built (cache ls prints them)
         self.rows = [
-            {"tier": "device", "id": "req-new", "namespace": "aaaa1111", "tokens": 300, "prompt_tokens": 290,
-             "own_bytes": 3000, "round": 2, "created": now - 60, "hits": 4},
-            {"tier": "device", "id": "req-old", "namespace": "bbbb2222", "tokens": 100, "prompt_tokens": 90,
-             "own_bytes": 1000, "round": 1, "created": now - 7200, "hits": 0},
-            {"tier": "ssd", "id": "req-old", "namespace": "bbbb2222", "tokens": 100, "prompt_tokens": 90,
-             "own_bytes": 5000, "round": 1, "created": now - 7200, "last_used": now - 7000, "hits": 1},
+            CacheEntry(tier=Tier.DEVICE, id="req-new", namespace="aaaa1111", tokens=300, prompt_tokens=290,
+                       bytes=3000, round=2, created=now - 60, hits=4),
+            CacheEntry(tier=Tier.DEVICE, id="req-old", namespace="bbbb2222", tokens=100, prompt_tokens=90,
+                       bytes=1000, round=1, created=now - 7200, hits=0),
+            CacheEntry(tier=Tier.SSD, id="req-old", namespace="bbbb2222", tokens=100, prompt_tokens=90,
+                       bytes=5000, round=1, created=now - 7200, last_used=now - 7000, hits=1),
         ]
         self.pruned: list[dict] = []
-        self.misses = [FakeNearMiss("aaaa1111", "req-a", "device", 1500, 1600, 1700),
-                       FakeNearMiss("aaaa1111", "req-b", "ssd", 2000, 2100, 2200)]
+        self.misses = [FakeNearMiss("aaaa1111", "req-a", Tier.DEVICE, 1500, 1600, 1700),
+                       FakeNearMiss("aaaa1111", "req-b", Tier.SSD, 2000, 2100, 2200)]
 
-    def stats(self) -> dict:
-        return {"device_bytes": 4000, "device_budget_bytes": 16000, "pool_bytes": 500, "entries": 2,
-                "requests": 10, "device_hits": 6, "ssd_hits": 1, "prompt_tokens": 1000, "cached_tokens": 700,
-                "ssd_bytes": 5000, "ssd_budget_bytes": 10000, "near_misses": 2}
+    def stats(self) -> CacheStats:
+        return CacheStats(device_bytes=4000, device_budget_bytes=16000, pool_bytes=500, entries=2, requests=10,
+                          device_hits=6, ssd_hits=1, prompt_tokens=1000, cached_tokens=700, near_misses=2,
+                          ssd=SsdStats(bytes=5000, budget_bytes=10000))
 
-    def entries(self) -> list[dict]:
+    def entries(self) -> list[CacheEntry]:
         return list(self.rows)
 
-    def prune(self, **kwargs) -> dict:
+    def prune(self, **kwargs) -> PruneCounts:
         self.pruned.append(kwargs)
-        gone = [r for r in self.rows if r["namespace"] == kwargs["namespace"] and r["tier"] in kwargs["tiers"]]
+        gone = [r for r in self.rows if r.namespace == kwargs["namespace"] and r.tier in kwargs["tiers"]]
         self.rows = [r for r in self.rows if r not in gone]
-        return {"device_freed_bytes": sum(r["own_bytes"] for r in gone if r["tier"] == "device"),
-                "ssd_removed": sum(r["tier"] == "ssd" for r in gone)}
+        return PruneCounts(device_freed_bytes=sum(r.bytes for r in gone if r.tier == Tier.DEVICE),
+                           ssd_removed=sum(r.tier == Tier.SSD for r in gone))
 
     def near_misses(self) -> list:
         return list(self.misses)
 
 
-def fake_engine(cache: FakeCache | None) -> SimpleNamespace:
-    return SimpleNamespace(prefix_cache=cache, engine=SimpleNamespace(waiting=2),
-                           dialect_choice=SimpleNamespace(name="hermes_json", reason="template mentions <tool_call>"))
+@dataclass(frozen=True)
+class FakeDialectChoice:
+    name: str = "hermes_json"
+    reason: str = "template mentions <tool_call>"
+
+
+@dataclass
+class FakeEngine:  # a served.ServedEngine, as LocalEngineClient is
+    prefix_cache: FakeCache | None
+    queue_waiting: int = 2
+    dialect_choice: FakeDialectChoice = field(default_factory=FakeDialectChoice)
+
+
+def fake_engine(cache: FakeCache | None) -> FakeEngine:
+    return FakeEngine(cache)
+
+
+def test_the_fakes_satisfy_the_served_protocols() -> None:
+    assert isinstance(fake_engine(FakeCache()), ServedEngine) and isinstance(FakeCache(), ServedCache)
 
 
 @dataclass

@@ -138,7 +138,7 @@ def test_restores_that_would_be_slower_than_recompute_are_skipped(tmp_path) -> N
     cache.cost.observe_prefill(1000, 1e-6)  # a machine where prefill is nearly free...
     cache.cost.observe_restore(1000, 1.0)  # ...and reading is slow
     lease = serve(cache, prompt + (1,), rid="b")
-    assert lease.tier == "cold" and cache.stats()["ssd_not_worth_it"] == 1
+    assert lease.tier == "cold" and cache.stats().ssd_not_worth_it == 1
     cache.close()
 
 

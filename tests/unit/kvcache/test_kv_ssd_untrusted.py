@@ -76,7 +76,7 @@ def test_corrupt_blob_is_a_miss_and_quarantined(tmp_path, name) -> None:
     cache.release(lease)
     assert cache.store.snapshots() == [] and [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] \
         == [blob.name.split(".")[0]]
-    assert cache.stats()["ssd_rejected"] == 1
+    assert cache.stats().ssd_rejected == 1
     cache.check_integrity()
     cache.close()
 
@@ -185,7 +185,7 @@ def test_damaged_tensor_bytes_are_a_miss_and_quarantined(tmp_path, name) -> None
     assert (lease.cached_tokens, lease.tier) == (0, "cold") and "set aside" in lease.rejected
     cache.release(lease)
     stats = cache.stats()
-    assert (stats["ssd_rejected"], stats["ssd_quarantined"], stats["ssd_snapshots"]) == (1, 1, 0)
+    assert (stats.ssd_rejected, stats.ssd.quarantined, stats.ssd.snapshots) == (1, 1, 0)
     assert [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] == [blob.name.split(".")[0]]
     cache.close()
 
@@ -207,7 +207,7 @@ def test_a_prefix_restore_checks_the_chunks_it_reads_and_only_those(tmp_path) ->
     damage_bytes(blob, data_start(blob) + 10 * per_token, b"\xff" * 8)  # token 10: inside what is restored
     with pytest.raises(SnapshotInvalid, match="checksum"):
         store.restore(SsdMatch(row, 100), LAYOUT.empty(100), pool)
-    assert store.snapshots() == [] and store.stats()["quarantined"] == 1
+    assert store.snapshots() == [] and store.stats().quarantined == 1
     store.close()
 
 

@@ -56,9 +56,9 @@ def finish(cache: PrefixCache, prompt: tuple[int, ...], rid: str) -> None:
 def test_stats_report_working_sets_held_by_running_requests() -> None:
     cache = make_cache()
     lease = cache.acquire("ns", random_tokens(40))
-    assert cache.stats()["pool_in_use_bytes"] == SET_BYTES
+    assert cache.stats().pool_in_use_bytes == SET_BYTES
     cache.release(lease)
-    assert cache.stats()["pool_in_use_bytes"] == 0
+    assert cache.stats().pool_in_use_bytes == 0
 
 
 def test_retained_bytes_are_the_entries_paths_and_exclude_what_only_a_lock_pins() -> None:
@@ -67,11 +67,11 @@ def test_retained_bytes_are_the_entries_paths_and_exclude_what_only_a_lock_pins(
     finish(cache, system + random_tokens(20, random.Random(1)), "a")
     finish(cache, system + random_tokens(30, random.Random(2)), "b")  # shares a's first 100 tokens: counted once
     stats = cache.stats()
-    assert stats["retained_bytes"] == stats["device_bytes"] == (100 + 20 + 30) * BPT
+    assert stats.retained_bytes == stats.device_bytes == (100 + 20 + 30) * BPT
 
     running = cache.acquire("ns", system + random_tokens(5, random.Random(3)))  # locks the shared span
     cache.prune(older_than_s=0)  # drops every entry; the locked span must stay for the running request
     stats = cache.stats()
-    assert (stats["entries"], stats["retained_bytes"], stats["device_bytes"]) == (0, 0, 100 * BPT)
+    assert (stats.entries, stats.retained_bytes, stats.device_bytes) == (0, 0, 100 * BPT)
     cache.release(running)
-    assert cache.stats()["device_bytes"] == 0
+    assert cache.stats().device_bytes == 0

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from zllm.cache_views import PruneCounts  # noqa: E402
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
@@ -81,7 +82,7 @@ def test_turn_two_shares_turn_one_and_continues_as_a_fresh_prefill(engine) -> No
     assert (lease.tier, lease.cached_tokens) == ("device", len(TURN1))
     assert_close(logits, fresh_logits(engine, TURN2, len(TURN1)))
     stats = cache.stats()
-    assert stats["device_hits"] == 1 and stats["entries"] == 1
+    assert stats.device_hits == 1 and stats.entries == 1
     cache.check_integrity()
 
 
@@ -99,7 +100,7 @@ def test_ssd_snapshot_restores_after_a_restart(engine, tiny_gguf_path, tmp_path)
     restarted = new_engine(tiny_gguf_path("llama-bpe"))
     try:
         again = new_cache(restarted, tmp_path)
-        assert again.stats()["ssd_snapshots"] == 1
+        assert again.stats().ssd.snapshots == 1
         lease, logits = prompt_logits(restarted, again, TURN2, "r2")
         assert (lease.tier, lease.cached_tokens) == ("ssd", len(TURN1))
         assert_close(logits, fresh_logits(restarted, TURN2, len(TURN1)))
@@ -133,7 +134,7 @@ def test_a_damaged_snapshot_is_set_aside_and_served_cold(engine, tiny_gguf_path,
         assert (lease.tier, lease.cached_tokens) == ("cold", 0)
         assert_close(logits, fresh_logits(restarted, TURN2, 0))
         stats = again.stats()
-        assert stats["ssd_snapshots"] == 0
+        assert stats.ssd.snapshots == 0
         assert any((tmp_path / "kv" / "quarantine").iterdir()), "the damaged blob is kept aside, not deleted"
         again.close()
     finally:
@@ -144,10 +145,10 @@ def test_a_garbage_index_is_set_aside_and_the_tier_starts_empty(engine, tmp_path
     (tmp_path / "kv").mkdir()
     (tmp_path / "kv" / "index.sqlite").write_bytes(b"this is not a database" * 100)
     cache = new_cache(engine, tmp_path)
-    assert cache.stats()["ssd_snapshots"] == 0
+    assert cache.stats().ssd.snapshots == 0
     run(engine, cache, TURN1, "r1", generate=0)
     cache.flush()
-    assert cache.stats()["ssd_snapshots"] == 1
+    assert cache.stats().ssd.snapshots == 1
     cache.close()
 
 
@@ -159,7 +160,7 @@ def test_the_pool_budget_evicts_least_recently_used_entries(tiny_gguf_path) -> N
         for n, prompt in enumerate(prompts):
             assert cache.has_room_for(len(prompt), 4)
             run(engine, cache, prompt, f"r{n}", generate=2)
-            held = sum(e["tokens"] for e in cache.entries() if e["tier"] == "device")
+            held = sum(e.tokens for e in cache.entries() if e.tier == "device")
             assert held <= engine.cells
         assert len(cache.entries()) < len(prompts)
         assert not cache.has_room_for(600, 4)
@@ -180,9 +181,9 @@ def test_prune_by_namespace_and_size_gives_sequences_back(engine) -> None:
     cache = new_cache(engine)
     run(engine, cache, TURN1, "r1", generate=0)
     run(engine, cache, [t + 1 for t in TURN1], "r2", generate=0)
-    assert cache.prune(namespace="other") == {"device_freed_bytes": 0, "ssd_removed": 0}
-    freed = cache.prune(max_bytes=len(TURN1) * engine.bytes_per_token)["device_freed_bytes"]
-    assert freed == len(TURN1) * engine.bytes_per_token and [e["id"] for e in cache.entries()] == ["r2"]
+    assert cache.prune(namespace="other") == PruneCounts(device_freed_bytes=0, ssd_removed=0)
+    freed = cache.prune(max_bytes=len(TURN1) * engine.bytes_per_token).device_freed_bytes
+    assert freed == len(TURN1) * engine.bytes_per_token and [e.id for e in cache.entries()] == ["r2"]
     cache.prune(namespace=NS)
     assert cache.entries() == []
     cache.acquire(NS, TURN2, request_id="r3")  # the engine thread gives pruned sequences back here

@@ -331,7 +331,7 @@ def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
     y_cached, x_cached, z_cached = (outcome.usage.cached_tokens for outcome in outcomes)
     assert y_cached > prompt_tokens(client, y1) and x_cached > prompt_tokens(client, x1) and z_cached == 0
     settle(client)
-    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+    assert client.prefix_cache.stats().pool_in_use_bytes == 0
 
 
 # ------------------------------------------------------------------------------------------- fenced, seeded
@@ -388,11 +388,11 @@ def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(mak
     abort_before = 6  # step 1 prefills the victim alone, step k feeds its token k-1
 
     def abort() -> None:
-        in_use["before"] = client.prefix_cache.stats()["pool_in_use_bytes"]
+        in_use["before"] = client.prefix_cache.stats().pool_in_use_bytes
         streams["victim"].abort()
 
     def after() -> None:
-        in_use["after"] = client.prefix_cache.stats()["pool_in_use_bytes"]
+        in_use["after"] = client.prefix_cache.stats().pool_in_use_bytes
 
     steps = Steps(client, hold=True, actions={abort_before: abort, abort_before + 1: after})
 
@@ -419,7 +419,7 @@ def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(mak
         assert in_use["before"] - in_use["after"] == victim_tokens * cache.bytes_per_token
     assert finished == [alone[request.id] for request in others]
     settle(client)
-    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+    assert client.prefix_cache.stats().pool_in_use_bytes == 0
 
 
 # ------------------------------------------------------------------------------------------- admission
@@ -434,7 +434,7 @@ def test_admission_keeps_running_working_sets_within_the_cache_budget(make_clien
     assert [outcome.text for outcome in outcomes] == [alone[request.id].text for request in requests]
     assert max(steps.running) == 2
     settle(client)
-    assert client.prefix_cache.stats()["pool_in_use_bytes"] == 0
+    assert client.prefix_cache.stats().pool_in_use_bytes == 0
 
 
 @pytest.mark.parametrize("fair_wait_s", [0.0, 60.0])

@@ -163,7 +163,7 @@ def test_a_restarted_engine_hits_the_ssd_tier_with_the_same_answer(make_client) 
     restarted = make_client(ssd=True)
     text2, finished = ask(restarted, chat(turn2, "s2"))
     assert finished.usage.cached_tokens > len(restarted.renderer.render(chat(turn1, "x")).token_ids)
-    assert restarted.prefix_cache.stats()["ssd_hits"] == 1
+    assert restarted.prefix_cache.stats().ssd_hits == 1
     assert text2 == ask(make_client(prefix_cache=False), chat(turn2, "c"))[0]
     assert finished.reason is FinishReason.LENGTH
 

@@ -96,7 +96,7 @@ def future_index(directory: Path) -> None:
     db.close()
 
 
-# what each damage does to the tier directory; `counted`: the stats key that must say what was set aside
+# what each damage does to the tier directory
 BLOB_DAMAGE = {
     "missing": lambda d: blobs(d)[0].unlink(),
     "truncated": lambda d: (b := blobs(d)[0]).write_bytes(b.read_bytes()[:b.stat().st_size // 2]),
@@ -205,18 +205,18 @@ def test_damage_is_set_aside_and_served_cold(start, tmp_path, damage, backend, c
         restarted = start(backend, reports)  # starts: the damage is found at open or at the first read
         text, finished = ask(restarted, chat(0, "again"))
     stats = restarted.prefix_cache.stats()
-    assert finished.usage.cached_tokens == 0 and stats["ssd_hits"] == 0, "the damaged snapshot was served"
+    assert finished.usage.cached_tokens == 0 and stats.ssd_hits == 0, "the damaged snapshot was served"
     assert text == answers[0], "the cold answer differs"
     quarantine = [p.name for p in (directory / "quarantine").iterdir()]
     if damage in INDEX_DAMAGE:
-        assert stats["ssd_index_set_aside"] == 1 and any(name.startswith("index.sqlite.") for name in quarantine)
+        assert stats.ssd.index_set_aside == 1 and any(name.startswith("index.sqlite.") for name in quarantine)
     else:
-        assert stats["ssd_quarantined"] >= 1
+        assert stats.ssd.quarantined >= 1
         assert damage == "missing" or quarantine, "the damaged blob is kept for inspection, not deleted"
     assert "set aside" in caplog.text or "quarantined" in caplog.text
     report = finished_report(reports)
     assert report.cache_tier == "cold"
-    if stats["ssd_rejected"]:  # found at read, not at open: the request's own trace line says why it ran cold
+    if stats.ssd_rejected:  # found at read, not at open: the request's own trace line says why it ran cold
         assert report.cache_rejected and "set aside" in report.cache_rejected
 
 
@@ -246,7 +246,7 @@ def test_an_index_locked_by_another_process_turns_the_tier_off_and_is_left_alone
             restarted = start(backend)
             text, finished = ask(restarted, chat(0, "while-locked"))
         stats = restarted.prefix_cache.stats()
-        assert "locked" in stats["ssd_off"] and "SSD tier off" in caplog.text
+        assert "locked" in stats.ssd_off and "SSD tier off" in caplog.text
         assert finished.usage.cached_tokens == 0 and text == answers[0]
         restarted.close()
     finally:
@@ -254,4 +254,4 @@ def test_an_index_locked_by_another_process_turns_the_tier_off_and_is_left_alone
         locker.wait(timeout=10)
     again = start(backend)  # the other process is done: its index was neither set aside nor emptied
     text, finished = ask(again, chat(0, "after"))
-    assert again.prefix_cache.stats()["ssd_hits"] == 1 and finished.usage.cached_tokens > 0 and text == answers[0]
+    assert again.prefix_cache.stats().ssd_hits == 1 and finished.usage.cached_tokens > 0 and text == answers[0]
