@@ -27,7 +27,7 @@ from contextlib import nullcontext
 import pytest
 
 from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, Case, backend_cases, load_case, run, valid
-from tests.support.speculation import force_rows
+from tests.support.step_tap import StepTap, forced_opening
 from zllm.canonical import (
     ChatRequest,
     Event,
@@ -61,28 +61,6 @@ GREEDY_MAX_TOKENS = {"hermes": 48, "glm45": 48, "deepseek-v3.2": 80}
 # what constrains each greedy run: tools and tool choice (no tools: no fence at all)
 FENCES = {"required": (TOOLS, ToolChoice("required")), "auto": (TOOLS, ToolChoice("auto")),
           "unfenced": ((), ToolChoice("auto"))}
-
-
-class StepTap:
-    """Wraps the client's engine step (engine/contract.py), on either backend: `before(rows)` may see the rows
-    before they run, `after(rows, outputs)` may replace their logits. The seam's view is the same whatever
-    computes the logits, so these tests hold torch and llama.cpp to one standard."""
-
-    def __init__(self, client: LocalEngineClient):
-        self.engine = client.engine.engine
-        self.listeners: list = []
-        self._original = self.engine.step
-        self.engine.step = self._step
-
-    def _step(self, rows):
-        lengths = [self.engine.length(row.seq) for row in rows]  # tokens each row held before this step
-        outputs = self._original(rows)
-        for listener in list(self.listeners):
-            outputs = listener(rows, lengths, outputs)
-        return outputs
-
-    def remove(self) -> None:
-        self.engine.step = self._original
 
 
 class DraftCounter:
@@ -128,35 +106,6 @@ class DraftCounter:
         return self.completion_tokens - self.decode_forwards - self.requests
 
 
-class forced_opening:
-    """Context manager: make the output open with `token_ids`, whatever the model's weights; its own logits pass
-    through after them. Keyed by the position each kept logits row decides, not by step count, so a k-token
-    verify step forces what k decode steps would."""
-
-    def __init__(self, tap: StepTap, prompt_length: int, token_ids: list[int]):
-        self.tap, self.prompt_length, self.token_ids = tap, prompt_length, token_ids
-
-    def _force(self, rows, lengths, outputs):
-        forced = []
-        for row, held, logits in zip(rows, lengths, outputs):
-            n = len(row.token_ids)
-            positions = range(held, held + n) if row.all_logits else [held + n - 1]
-            rows_logits = logits if row.all_logits else logits[None]  # [kept, vocab]
-            targets = [(k, self.token_ids[index]) for k, position in enumerate(positions)
-                       if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)]
-            if targets:
-                rows_logits = force_rows(rows_logits[None], targets)[0]
-            forced.append(rows_logits if row.all_logits else rows_logits[0])
-        return forced
-
-    def __enter__(self):
-        self.tap.listeners.append(self._force)
-        return self
-
-    def __exit__(self, *exc):
-        self.tap.listeners.remove(self._force)
-
-
 @pytest.fixture(scope="module", params=backend_cases())
 def engine(request):
     case, backend = request.param
@@ -185,7 +134,7 @@ def generate(engine, request: ChatRequest, *, opening: str | None = None, until_
     """The request's events (tool call ids blanked: they are random), its output made to open with `opening`;
     with `until_first_call` the stream is dropped after the first call, which aborts the rest. Returns once the
     engine reported the request finished: requests run one at a time (see DraftCounter)."""
-    case, client, counter = engine
+    _, client, counter = engine
     finished_before = counter.requests
 
     async def collect() -> list[Event]:
