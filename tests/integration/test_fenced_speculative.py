@@ -27,7 +27,7 @@ from contextlib import nullcontext
 import pytest
 
 from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, Case, backend_cases, load_case, run, valid
-from tests.support.step_tap import StepTap, forced_opening
+from tests.support.step_tap import StepTap, opened
 from zllm.canonical import (
     ChatRequest,
     Event,
@@ -47,8 +47,6 @@ from zllm.runtime.speculative import SpeculationConfig
 SEEDS = int(os.environ.get("ZLLM_SPEC_FENCE_SEEDS", "100"))  # for hermes; the other dialects run a fifth as many
 # draft whenever anything matches: the fence's forced tokens after every sampled one, lookups from 1-grams
 AGGRESSIVE = SpeculationConfig(min_ngram=1, max_backoff=2)
-# the text that opens a call, as each dialect's fence spells it (forced under `auto` so that calls happen)
-OPENINGS = {"hermes": "<tool_call>", "glm45": "\n<tool_call>", "deepseek-v3.2": "\n\n<｜DSML｜function_calls>\n"}
 # unfenced text from random weights seldom repeats a token, so nothing would be drafted: unfenced runs are made to
 # open with this sentence of their prompt, which prompt lookup drafts and the verify forward accepts, then go on
 # freely
@@ -145,15 +143,10 @@ def generate(engine, request: ChatRequest, *, opening: str | None = None, until_
                 break
         return events
 
-    with opened(client, request, opening) if opening else nullcontext():
+    with opened(client.tap, client, request, opening) if opening else nullcontext():
         events = run(collect())
     counter.wait_for(finished_before + 1)
     return events
-
-
-def opened(client: LocalEngineClient, request: ChatRequest, opening: str) -> forced_opening:
-    token_ids = client.loaded.tokenizer.encode(opening, add_special_tokens=False)
-    return forced_opening(client.tap, run(client.count_tokens(request)), token_ids)
 
 
 def completed_calls(events: list[Event]) -> list[tuple[str, str]]:
@@ -191,7 +184,7 @@ def test_first_call_is_valid_for_every_seed_with_speculation(engine, choice) -> 
         # room for the longest call (DSML tags are several tokens each over the V3.1 vocabulary)
         sampling = SamplingParams(temperature=1.0, seed=seed, max_tokens=200)
         events = generate(engine, tool_request("What is the weather?", choice, sampling),
-                          opening=OPENINGS[case.name] if choice.mode == "auto" else None, until_first_call=True)
+                          opening=case.opening if choice.mode == "auto" else None, until_first_call=True)
         text = "".join(event.text for event in events if isinstance(event, TextDelta))
         calls = completed_calls(events)
         assert calls, f"{case.name} seed {seed}: no complete call within the budget (text {text!r})"
@@ -207,7 +200,7 @@ def test_first_call_is_valid_for_every_seed_with_speculation(engine, choice) -> 
 def test_greedy_output_is_the_same_with_and_without_speculation(engine, fence) -> None:
     case, client, counter = engine
     tools, choice = FENCES[fence]
-    opening = {"required": None, "auto": OPENINGS[case.name], "unfenced": ECHO}[fence]
+    opening = {"required": None, "auto": case.opening, "unfenced": ECHO}[fence]
     greedy = SamplingParams(temperature=0.0, max_tokens=GREEDY_MAX_TOKENS[case.name])
     requests = [tool_request(prompt, choice, greedy, tools) for prompt in PROMPTS]
     client.speculation = None

@@ -4,6 +4,8 @@ before they run and replace their logits after, so a test can make a random-weig
     tap = StepTap(client)                       # wraps client.engine.engine.step until tap.remove()
     with forced_opening(tap, prompt_length, token_ids):
         ...                                     # the output opens with token_ids, the model's own logits after
+    with opened(tap, client, request, "<tool_call>"):
+        ...                                     # the same for one request run alone, its opening as text
 
 A listener is `listener(rows, lengths, outputs) -> outputs`: the step's rows, the tokens each row's sequence
 held before the step, and the logits each row got ([vocab], or [n, vocab] for an all_logits row).
@@ -11,6 +13,7 @@ held before the step, and the logits each row got ([vocab], or [n, vocab] for an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from tests.support.speculation import force_rows
@@ -70,3 +73,11 @@ class forced_opening:
 
     def __exit__(self, *exc):
         self.tap.listeners.remove(self._force)
+
+
+def opened(tap: StepTap, client, request, text: str) -> forced_opening:
+    """`forced_opening` for `request` run alone on `client` (outside an event loop): the output opens with `text`
+    as the model's tokenizer spells it."""
+    token_ids = client.loaded.tokenizer.encode(text, add_special_tokens=False)
+    prompt_length = asyncio.run(asyncio.wait_for(client.count_tokens(request), timeout=60))
+    return forced_opening(tap, prompt_length, token_ids)
