@@ -183,6 +183,8 @@ def make_client(served_models, backend, tmp_path):
     yield make
     for client in clients:
         client.close()
+        # Steps and StepTap wrap the engine's step; llama.cpp's engine is the module's, shared by later clients
+        vars(client.engine.engine).pop("step", None)
 
 
 @pytest.fixture(scope="module")
