@@ -1,9 +1,10 @@
 """Continuous batching through LocalEngineClient on the tiny Qwen3 model: requests that run together produce
 exactly what each produces alone (greedy and seeded sampling, fenced or not, from any cache state), an aborted
-row leaves at the next step without disturbing the others, and admission honours max_batch and the cache
-budget without starving a request that needs more room.
+row leaves at the next step without disturbing the others, speculating rows (prompt lookup on both backends, a
+draft model on torch), fenced and not, run in the same steps as plain rows and give each row's greedy tokens
+alone, and admission honours max_batch and the cache budget without starving a request that needs more room.
 
-`Steps` wraps the engine's `runner.forward_rows` (the one call per engine step) to see each step's rows, and
+`Steps` wraps the engine's `step` (engine/contract.py: the one call per engine step) to see each step's rows, and
 can hold the first step until the test has queued every request, so which requests run together is the
 test's choice rather than the thread pool's timing."""
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from tests.support.backends import BACKENDS, load_tiny
-from tests.support.fenced_tools import TOOLS, WEATHER, valid
+from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, WEATHER, valid
 from tests.support.step_tap import StepTap, forced_opening
 from zllm.canonical import (
     ChatRequest,
@@ -543,7 +544,10 @@ def test_speculating_rows_fenced_and_not_beside_plain_rows_equal_each_alone(make
     assert max(steps.running) == len(requests)
     assert shared_steps(steps) >= 3, steps.fed
     assert_speculated(finishes.reports)
-    assert any(outcome.calls for outcome, request in zip(outcomes, requests) if request.id in FENCED)
+    for outcome, request in zip(outcomes, requests):
+        if request.id in FENCED:  # greedy within the fence: a valid first call, of the named tool if one is named
+            name, arguments = outcome.calls[0]
+            assert request.tool_choice.name in (None, name) and valid(TOOLS_BY_NAME[name], arguments), outcome
 
 
 # ------------------------------------------------------------------------------------------- cancellation
