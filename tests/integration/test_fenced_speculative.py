@@ -27,7 +27,7 @@ from contextlib import nullcontext
 import pytest
 
 from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, Case, backend_cases, load_case, run, valid
-from tests.support.speculation import force_rows
+from tests.support.step_tap import StepTap, opened
 from zllm.canonical import (
     ChatRequest,
     Event,
@@ -47,8 +47,6 @@ from zllm.runtime.speculative import SpeculationConfig
 SEEDS = int(os.environ.get("ZLLM_SPEC_FENCE_SEEDS", "100"))  # for hermes; the other dialects run a fifth as many
 # draft whenever anything matches: the fence's forced tokens after every sampled one, lookups from 1-grams
 AGGRESSIVE = SpeculationConfig(min_ngram=1, max_backoff=2)
-# the text that opens a call, as each dialect's fence spells it (forced under `auto` so that calls happen)
-OPENINGS = {"hermes": "<tool_call>", "glm45": "\n<tool_call>", "deepseek-v3.2": "\n\n<｜DSML｜function_calls>\n"}
 # unfenced text from random weights seldom repeats a token, so nothing would be drafted: unfenced runs are made to
 # open with this sentence of their prompt, which prompt lookup drafts and the verify forward accepts, then go on
 # freely
@@ -61,28 +59,6 @@ GREEDY_MAX_TOKENS = {"hermes": 48, "glm45": 48, "deepseek-v3.2": 80}
 # what constrains each greedy run: tools and tool choice (no tools: no fence at all)
 FENCES = {"required": (TOOLS, ToolChoice("required")), "auto": (TOOLS, ToolChoice("auto")),
           "unfenced": ((), ToolChoice("auto"))}
-
-
-class StepTap:
-    """Wraps the client's engine step (engine/contract.py), on either backend: `before(rows)` may see the rows
-    before they run, `after(rows, outputs)` may replace their logits. The seam's view is the same whatever
-    computes the logits, so these tests hold torch and llama.cpp to one standard."""
-
-    def __init__(self, client: LocalEngineClient):
-        self.engine = client.engine.engine
-        self.listeners: list = []
-        self._original = self.engine.step
-        self.engine.step = self._step
-
-    def _step(self, rows):
-        lengths = [self.engine.length(row.seq) for row in rows]  # tokens each row held before this step
-        outputs = self._original(rows)
-        for listener in list(self.listeners):
-            outputs = listener(rows, lengths, outputs)
-        return outputs
-
-    def remove(self) -> None:
-        self.engine.step = self._original
 
 
 class DraftCounter:
@@ -128,35 +104,6 @@ class DraftCounter:
         return self.completion_tokens - self.decode_forwards - self.requests
 
 
-class forced_opening:
-    """Context manager: make the output open with `token_ids`, whatever the model's weights; its own logits pass
-    through after them. Keyed by the position each kept logits row decides, not by step count, so a k-token
-    verify step forces what k decode steps would."""
-
-    def __init__(self, tap: StepTap, prompt_length: int, token_ids: list[int]):
-        self.tap, self.prompt_length, self.token_ids = tap, prompt_length, token_ids
-
-    def _force(self, rows, lengths, outputs):
-        forced = []
-        for row, held, logits in zip(rows, lengths, outputs):
-            n = len(row.token_ids)
-            positions = range(held, held + n) if row.all_logits else [held + n - 1]
-            rows_logits = logits if row.all_logits else logits[None]  # [kept, vocab]
-            targets = [(k, self.token_ids[index]) for k, position in enumerate(positions)
-                       if 0 <= (index := position + 1 - self.prompt_length) < len(self.token_ids)]
-            if targets:
-                rows_logits = force_rows(rows_logits[None], targets)[0]
-            forced.append(rows_logits if row.all_logits else rows_logits[0])
-        return forced
-
-    def __enter__(self):
-        self.tap.listeners.append(self._force)
-        return self
-
-    def __exit__(self, *exc):
-        self.tap.listeners.remove(self._force)
-
-
 @pytest.fixture(scope="module", params=backend_cases())
 def engine(request):
     case, backend = request.param
@@ -185,7 +132,7 @@ def generate(engine, request: ChatRequest, *, opening: str | None = None, until_
     """The request's events (tool call ids blanked: they are random), its output made to open with `opening`;
     with `until_first_call` the stream is dropped after the first call, which aborts the rest. Returns once the
     engine reported the request finished: requests run one at a time (see DraftCounter)."""
-    case, client, counter = engine
+    _, client, counter = engine
     finished_before = counter.requests
 
     async def collect() -> list[Event]:
@@ -196,15 +143,10 @@ def generate(engine, request: ChatRequest, *, opening: str | None = None, until_
                 break
         return events
 
-    with opened(client, request, opening) if opening else nullcontext():
+    with opened(client.tap, client, request, opening) if opening else nullcontext():
         events = run(collect())
     counter.wait_for(finished_before + 1)
     return events
-
-
-def opened(client: LocalEngineClient, request: ChatRequest, opening: str) -> forced_opening:
-    token_ids = client.loaded.tokenizer.encode(opening, add_special_tokens=False)
-    return forced_opening(client.tap, run(client.count_tokens(request)), token_ids)
 
 
 def completed_calls(events: list[Event]) -> list[tuple[str, str]]:
@@ -242,7 +184,7 @@ def test_first_call_is_valid_for_every_seed_with_speculation(engine, choice) -> 
         # room for the longest call (DSML tags are several tokens each over the V3.1 vocabulary)
         sampling = SamplingParams(temperature=1.0, seed=seed, max_tokens=200)
         events = generate(engine, tool_request("What is the weather?", choice, sampling),
-                          opening=OPENINGS[case.name] if choice.mode == "auto" else None, until_first_call=True)
+                          opening=case.opening if choice.mode == "auto" else None, until_first_call=True)
         text = "".join(event.text for event in events if isinstance(event, TextDelta))
         calls = completed_calls(events)
         assert calls, f"{case.name} seed {seed}: no complete call within the budget (text {text!r})"
@@ -258,7 +200,7 @@ def test_first_call_is_valid_for_every_seed_with_speculation(engine, choice) -> 
 def test_greedy_output_is_the_same_with_and_without_speculation(engine, fence) -> None:
     case, client, counter = engine
     tools, choice = FENCES[fence]
-    opening = {"required": None, "auto": OPENINGS[case.name], "unfenced": ECHO}[fence]
+    opening = {"required": None, "auto": case.opening, "unfenced": ECHO}[fence]
     greedy = SamplingParams(temperature=0.0, max_tokens=GREEDY_MAX_TOKENS[case.name])
     requests = [tool_request(prompt, choice, greedy, tools) for prompt in PROMPTS]
     client.speculation = None

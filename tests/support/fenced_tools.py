@@ -39,13 +39,16 @@ class Case:
     model_dir: object
     dialect: str
     trigger: str  # the text that opens a call in this dialect
+    # the output that opens a call as the dialect's fence spells it, from the first token (a test that needs
+    # calls to happen under `auto` makes a random model write it: tests/support/step_tap.forced_opening)
+    opening: str
     gguf_spec: str | None = None  # the same model as a tiny GGUF (tests/support/tiny_gguf.py), for llama.cpp runs
 
 
 CASES = [
-    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>", gguf_spec="qwen3"),
-    Case("glm45", tiny_glm_dir, "glm45", "<tool_call>"),
-    Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>"),
+    Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>", "<tool_call>", gguf_spec="qwen3"),
+    Case("glm45", tiny_glm_dir, "glm45", "<tool_call>", "\n<tool_call>"),
+    Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>", "\n\n<｜DSML｜function_calls>\n"),
 ]
 
 

@@ -1,9 +1,10 @@
 """Continuous batching through LocalEngineClient on the tiny Qwen3 model: requests that run together produce
 exactly what each produces alone (greedy and seeded sampling, fenced or not, from any cache state), an aborted
-row leaves at the next step without disturbing the others, and admission honours max_batch and the cache
-budget without starving a request that needs more room.
+row leaves at the next step without disturbing the others, speculating rows (prompt lookup on both backends, a
+draft model on torch), fenced and not, run in the same steps as plain rows and give each row's greedy tokens
+alone, and admission honours max_batch and the cache budget without starving a request that needs more room.
 
-`Steps` wraps the engine's `runner.forward_rows` (the one call per engine step) to see each step's rows, and
+`Steps` wraps the engine's `step` (engine/contract.py: the one call per engine step) to see each step's rows, and
 can hold the first step until the test has queued every request, so which requests run together is the
 test's choice rather than the thread pool's timing."""
 
@@ -14,13 +15,15 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from tests.support.backends import BACKENDS, load_tiny
-from tests.support.fenced_tools import WEATHER, valid
+from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, WEATHER, valid
+from tests.support.step_tap import StepTap, forced_opening
 from zllm.canonical import (
     ChatRequest,
     Finished,
@@ -38,8 +41,10 @@ from zllm.engine.runner import ModelRunner
 from zllm.kvcache import CacheConfig, KVLayout
 from zllm.kvcache.pool import CAPACITY_QUANTUM, round_capacity
 from zllm.runtime import LocalEngineClient
+from zllm.runtime.draft_model import DraftModel
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
+from zllm.runtime.speculative import SpeculationConfig
 
 MODEL = "tiny"
 CODE = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(14))  # ~190 tokens
@@ -77,14 +82,16 @@ class Outcome:
 
 
 class Steps:
-    """Wraps `client.engine.engine.forward_rows`: records each step's row token counts and running rows, runs
-    `actions[n]` just before step n (1-based), and with `hold` keeps step 1 waiting until `release()`."""
+    """Wraps `client.engine.engine.step` (the one call per engine step): records each step's row token counts,
+    running rows and what each request's row fed, runs `actions[n]` just before step n (1-based), and with
+    `hold` keeps step 1 waiting until `release()`."""
 
     def __init__(self, client: LocalEngineClient, *, hold: bool = False,
                  actions: dict[int, Callable[[], None]] | None = None):
         self.engine = client.engine
         self.rows: list[list[int]] = []  # per step: tokens each row fed
         self.running: list[int] = []  # per step: rows running
+        self.fed: list[dict[str, str]] = []  # per step: request id -> "prefill", "decode" or "verify" (a draft)
         self.entered, self.released = threading.Event(), threading.Event()
         self.actions = actions or {}
         if not hold:
@@ -97,9 +104,20 @@ class Steps:
         assert self.released.wait(30), "the test never released the held step"
         self.rows.append([len(segment.token_ids) for segment in segments])
         self.running.append(self.engine.running)
+        self.fed.append(self._fed(segments))
         if (action := self.actions.get(len(self.rows))) is not None:
             action()
         return self._forward_rows(segments)
+
+    def _fed(self, segments) -> dict[str, str]:
+        """What each row of this step feeds, by request (the rows are the engine loop's, on its thread)."""
+        rows = {id(active.cache): active for active in self.engine._rows}
+        fed = {}
+        for segment in segments:
+            active = rows[id(segment.seq)]
+            kind = "prefill" if active.logits is None else "verify" if len(segment.token_ids) > 1 else "decode"
+            fed[active.request.request_id] = kind
+        return fed
 
     def release(self) -> None:
         self.released.set()
@@ -155,16 +173,19 @@ def make_client(served_models, backend, tmp_path):
     served = served_models(backend)
 
     def make(*, scheduler: SchedulerConfig | None = None, budget: int = 64 << 20, ssd: bool = False,
-             prefix_cache: bool = True, observer=None, context_length: int | None = None) -> LocalEngineClient:
+             prefix_cache: bool = True, observer=None, context_length: int | None = None,
+             draft_model: DraftModel | None = None) -> LocalEngineClient:
         loaded = served if context_length is None else dataclasses.replace(served, context_length=context_length)
         config = CacheConfig(device_budget_bytes=budget, ssd_dir=tmp_path / "kv" if ssd else None, ssd_min_tokens=1)
         clients.append(LocalEngineClient(loaded, MODEL, 1, cache_config=config, prefix_cache=prefix_cache,
-                                         observer=observer, scheduler=scheduler))
+                                         observer=observer, scheduler=scheduler, draft_model=draft_model))
         return clients[-1]
 
     yield make
     for client in clients:
         client.close()
+        # Steps and StepTap wrap the engine's step; llama.cpp's engine is the module's, shared by later clients
+        vars(client.engine.engine).pop("step", None)
 
 
 @pytest.fixture(scope="module")
@@ -373,6 +394,160 @@ def test_fenced_and_seeded_rows_together_are_valid_and_equal_each_alone(make_cli
         assert complete and all(name == "get_weather" and valid(WEATHER, args) for name, args in complete)
     for outcome in outcomes[2:4]:
         assert outcome.reason is FinishReason.STOP and valid_verdict(outcome.text)
+
+
+# ------------------------------------------------------------------------------------------- speculative rows
+
+# short drafts whenever anything matches (any earlier occurrence of the last token, no backoff), so rows verify
+# drafts in nearly every step, over several steps: the fences' forced tokens, the echoes below, and rejected
+# lookups whose crops run beside the other rows
+LOOKUP = SpeculationConfig(max_draft=3, min_ngram=1, max_backoff=0)
+# the target drafting for itself (torch only): every unforced greedy draft is right
+SELF_DRAFT = SpeculationConfig(max_draft=3, max_backoff=0)
+ECHO = " the quick brown fox jumps over the lazy dog while five boxing wizards jump quickly"
+LINE = "def f3(x):\n    return x * 3 + 3\ndef f4(x):\n    return x * 4 + 4\n"
+
+
+def tool_chat(rid: str, choice: ToolChoice, *, max_tokens: int) -> ChatRequest:
+    request = chat(rid, "What is the weather in Rome? Then search for towers.", max_tokens=max_tokens)
+    return dataclasses.replace(request, tools=TOOLS, tool_choice=choice, thinking=False)
+
+
+# speculating rows, fenced (tool_choice required and a named tool) and not, and plain rows beside them
+SPECULATING = (
+    chat("spec-echo", f"Repeat after me:{ECHO}.", max_tokens=28),
+    chat("spec-code", f"Review this file:\n{CODE[:300]}", max_tokens=20),
+    tool_chat("spec-required", ToolChoice("required"), max_tokens=40),
+    tool_chat("spec-named", ToolChoice("tool", "search"), max_tokens=32),
+)
+PLAIN = (
+    chat("plain-haiku", "Write a haiku", max_tokens=24),
+    tool_chat("plain-required", ToolChoice("required"), max_tokens=36),
+)
+FENCED = {"spec-required", "spec-named", "plain-required"}
+# random weights seldom repeat a token, so unfenced rows would find little to look up: they are made to open by
+# echoing a passage of their prompt (the same alone and batched), which prompt lookup drafts and the verify
+# accepts
+ECHOES = {"spec-echo": ECHO, "spec-code": LINE}
+
+
+class Generated:
+    """Each row's generated token ids, read where the engine loop ends the row (`_end`, its one ending)."""
+
+    def __init__(self, client: LocalEngineClient):
+        self.tokens: dict[str, list[int]] = {}
+        end = client.engine._end
+
+        def recording_end(active, finished) -> None:
+            self.tokens[active.request.request_id] = list(active.generated)
+            end(active, finished)
+
+        client.engine._end = recording_end
+
+
+class Finishes:
+    """Observer: each request's "finished" report (its speculation counts among them)."""
+
+    def __init__(self):
+        self.reports: dict[str, RequestReport] = {}
+
+    def __call__(self, report: RequestReport) -> None:
+        if report.phase == "finished":
+            self.reports[report.request_id] = report
+
+
+def echoing(client: LocalEngineClient, tap: StepTap) -> ExitStack:
+    """Make each ECHOES row open with its passage (keyed by the row's request, on the engine thread)."""
+    stack = ExitStack()
+    tokenizer = client.loaded.tokenizer
+    for request in SPECULATING:
+        if request.id in ECHOES:
+            def only(row, request_id=request.id) -> bool:
+                return any(active.cache is row.seq and active.request.request_id == request_id
+                           for active in client.engine._rows)
+            token_ids = tokenizer.encode(ECHOES[request.id], add_special_tokens=False)
+            stack.enter_context(forced_opening(tap, prompt_tokens(client, request), token_ids, only))
+    return stack
+
+
+async def submitted(client: LocalEngineClient, request: ChatRequest, speculation: SpeculationConfig | None):
+    """Submit `request` speculating with `speculation` (None: plain), whatever the client's setting: the
+    client hands its setting to every request it submits, so around one awaited submit it is this one's."""
+    served = client.speculation
+    client.speculation = speculation
+    try:
+        return await client.submit(request)
+    finally:
+        client.speculation = served
+
+
+async def mixed(client: LocalEngineClient, speculation: SpeculationConfig, steps: Steps) -> list[Outcome]:
+    """SPECULATING with `speculation` and PLAIN without, queued while `steps` holds the first step."""
+    try:
+        streams = [await submitted(client, request, speculation) for request in SPECULATING]
+        streams += [await submitted(client, request, None) for request in PLAIN]
+    finally:
+        steps.release()
+    return list(await asyncio.gather(*(consume(stream) for stream in streams)))
+
+
+def plain_alone(client: LocalEngineClient, request: ChatRequest) -> Outcome:
+    async def main():
+        return await consume(await submitted(client, request, None))
+    return run(main())
+
+
+def shared_steps(steps: Steps) -> int:
+    """Steps in which a fenced and an unfenced speculating row each verified a draft while a plain row decoded:
+    the speculating rows really ran together, beside plain ones, not one after another."""
+    unfenced = {request.id for request in SPECULATING} - FENCED
+    fenced = FENCED - {request.id for request in PLAIN}
+    plain = {request.id for request in PLAIN}
+    shared = 0
+    for fed in steps.fed:
+        verifying = {rid for rid, kind in fed.items() if kind == "verify"}
+        shared += bool(verifying & fenced and verifying & unfenced and any(fed.get(r) == "decode" for r in plain))
+    return shared
+
+
+def assert_speculated(reports: dict[str, RequestReport]) -> None:
+    """Every speculating row had drafts verified and accepted (forced keys, echoes), no plain row drafted."""
+    for request in SPECULATING:
+        report = reports[request.id]
+        assert report.drafted_tokens > 0 and report.accepted_tokens > 0, report
+    assert all(reports[request.id].drafted_tokens == 0 for request in PLAIN)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "draft-model"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_speculating_rows_fenced_and_not_beside_plain_rows_equal_each_alone(make_client, served_models, backend,
+                                                                            drafter) -> None:
+    """Greedy: each row's tokens, events and usage are those of the request run alone without speculation."""
+    if drafter == "draft-model" and backend != "torch":
+        pytest.skip("a draft model drafts on the torch backend only (LocalEngineClient refuses one on llama.cpp, "
+                    "where prompt lookup speculates)")
+    served = served_models(backend)
+    draft = DraftModel.for_target(served, served.tokenizer) if drafter == "draft-model" else None
+    finishes = Finishes()
+    client = make_client(prefix_cache=False, observer=finishes, draft_model=draft)
+    generated, tap = Generated(client), StepTap(client)
+    requests = SPECULATING + PLAIN
+    # echoes give prompt lookup something to draft; a draft model drafts its own continuation, which they would
+    # turn into rejections only
+    with echoing(client, tap) if draft is None else nullcontext():
+        solo = [plain_alone(client, request) for request in requests]
+        solo_tokens = dict(generated.tokens)
+        steps = Steps(client, hold=True)
+        outcomes = run(mixed(client, SELF_DRAFT if draft is not None else LOOKUP, steps))
+    assert outcomes == solo
+    assert {request.id: generated.tokens[request.id] for request in requests} == solo_tokens
+    assert max(steps.running) == len(requests)
+    assert shared_steps(steps) >= 3, steps.fed
+    assert_speculated(finishes.reports)
+    for outcome, request in zip(outcomes, requests):
+        if request.id in FENCED:  # greedy within the fence: a valid first call, of the named tool if one is named
+            name, arguments = outcome.calls[0]
+            assert request.tool_choice.name in (None, name) and valid(TOOLS_BY_NAME[name], arguments), outcome
 
 
 # ------------------------------------------------------------------------------------------- cancellation
