@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
+from zllm.api.call_ids import OPENAI, shown_call_id
 from zllm.api.collect import CollectedAnswer, raise_unless_completed
 from zllm.api.errors import ApiError, finished_error
 from zllm.api.ollama import wire
@@ -123,7 +124,7 @@ def _body(kind: Kind, part: dict) -> dict:
 
 
 def _tool_call(index: int, call_id: str, name: str, arguments: str) -> dict:
-    return {"id": call_id, "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
+    return {"id": shown_call_id(call_id, OPENAI), "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
 
 
 class OllamaStreamEncoder:

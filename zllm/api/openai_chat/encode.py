@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from zllm.api.call_ids import OPENAI, shown_call_id
 from zllm.api.collect import CollectedAnswer, raise_unless_completed
 from zllm.api.errors import ApiError, finished_error, openai_error_body
 from zllm.api.openai_chat import wire
@@ -91,7 +92,7 @@ class ChatStreamEncoder:
 
     def _tool_call_start(self, event: ToolCallStart) -> dict:
         self._streamed_args[event.index] = ""
-        call = {"index": event.index, "id": event.id, "type": "function",
+        call = {"index": event.index, "id": shown_call_id(event.id, OPENAI), "type": "function",
                 "function": {"name": event.name, "arguments": ""}}
         return self._chunk({"tool_calls": [call]})
 
@@ -176,7 +177,8 @@ class ChatCompletionBuilder:
             message[wire.REASONING_FIELD] = answer.reasoning
         if calls:
             message["tool_calls"] = [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                {"id": shown_call_id(call_id, OPENAI), "type": "function",
+                 "function": {"name": name, "arguments": arguments}}
                 for _, call_id, name, arguments in calls
             ]
         return message
