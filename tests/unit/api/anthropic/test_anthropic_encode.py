@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
