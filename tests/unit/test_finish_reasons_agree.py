@@ -2,8 +2,9 @@
 
 Each case is real model text run through the real text stage (detokenizer, stop tokens and strings, the
 token budget) and the Hermes parser over the tiny Qwen tokenizer; the canonical events that come out are fed
-to all four encoders, streaming and not. Every API must report the same ending, and show the same tool
-call under the same id.
+to all four APIs, streamed and not (a non-streaming answer is the stream encoder's frames folded:
+api/collect.StreamedAnswer). Every API must report the same ending, and show the same tool call under the
+same id.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import pytest
 from tests.support.tiny_models import tiny_qwen_tokenizer
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder
 from zllm.api.anthropic_messages.message import MessageBuilder
-from zllm.api.ollama.encode import OllamaReplyBuilder, OllamaStreamEncoder, Timings
-from zllm.api.openai_chat.encode import ChatCompletionBuilder, ChatStreamEncoder
+from zllm.api.collect import StreamedAnswer
+from zllm.api.ollama.encode import OllamaStreamEncoder, Timings
+from zllm.api.ollama.reply import OllamaReplyBuilder
+from zllm.api.openai_chat.completion import ChatCompletionBuilder
+from zllm.api.openai_chat.encode import ChatStreamEncoder
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.response_object import response_shell
 from zllm.api.openai_responses.tools import decode_tools
+from zllm.api.openai_responses.turn import TerminalResponse
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects.hermes_json import HermesJson
 from zllm.ids import tool_call_id
@@ -100,14 +105,20 @@ def anthropic(events: list[Event]) -> tuple[list[str], list[str]]:
 
 
 def responses(events: list[Event]) -> tuple[list[str], list[str]]:
-    shell = response_shell("resp_1", model="m", created_at=1, echo={})
-    encoder = ResponseEventEncoder(shell, decode_tools([({"type": "function", "name": "sh"}, "tools[0]")]))
-    frames = [frame for event in events for frame in encoder.feed(event)]
-    final = frames[-1]["response"]
+    def encoder() -> ResponseEventEncoder:
+        shell = response_shell("resp_1", model="m", created_at=1, echo={})
+        return ResponseEventEncoder(shell, decode_tools([({"type": "function", "name": "sh"}, "tools[0]")]))
+
+    stream = encoder()
+    frames = [frame for event in events for frame in stream.feed(event)]
     streamed_ids = [frame["item"]["call_id"] for frame in frames if frame["type"] == "response.output_item.added"
                     and frame["item"]["type"] == "function_call"]
+    answer = StreamedAnswer(encoder(), TerminalResponse())
+    for event in events:
+        answer.feed(event)
+    final = answer.result()
     ids = [item["call_id"] for item in final["output"] if item["type"] == "function_call"]
-    return [final["status"]], [*streamed_ids, *ids]
+    return [frames[-1]["response"]["status"], final["status"]], [*streamed_ids, *ids]
 
 
 def ollama(events: list[Event]) -> tuple[list[str], list[str]]:
@@ -136,6 +147,6 @@ def test_every_api_shows_the_core_call_id(case):
     text, max_tokens, stops, _ = CASES[case]
     events = core_events(text, max_tokens, stops)
     shown = [*chat(events)[1], *anthropic(events)[1], *responses(events)[1], *ollama(events)[1]]
-    # one call, shown by 4 APIs streaming and not (Responses' final output is its non-streaming answer)
+    # one call, shown by 4 APIs streaming and not
     assert len(shown) == 8 and all(re.fullmatch(r"(call|toolu)_[0-9a-f]{24}", call_id) for call_id in shown)
     assert len({call_id.partition("_")[2] for call_id in shown}) == 1, shown
