@@ -123,7 +123,8 @@ def answer_body(kind: Kind, part: dict) -> dict:
 
 
 def _tool_call(index: int, call_id: str, name: str, arguments: str) -> dict:
-    return {"id": shown_call_id(call_id, OPENAI), "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
+    return {"id": shown_call_id(call_id, OPENAI),
+            "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
 
 
 class OllamaStreamEncoder:
@@ -169,7 +170,8 @@ class OllamaStreamEncoder:
             return []
         if finished.reason is FinishReason.ERROR:
             return self.fail(finished_error(finished))
-        return [{**_head(self.model), **answer_body(self.kind, {}), "done": True, **self.timings.final_fields(finished)}]
+        done = self.timings.final_fields(finished)
+        return [{**_head(self.model), **answer_body(self.kind, {}), "done": True, **done}]
 
     def _chunk(self, part: dict) -> dict:
         return {**_head(self.model), **answer_body(self.kind, part), "done": False}
