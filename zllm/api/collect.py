@@ -1,23 +1,15 @@
-"""Run a request's events to their end for a non-streaming answer, aborting it if the client goes first."""
+"""Non-streaming answers: a request's events run to their end (aborting it if the client goes first) through
+the API's stream encoder, whose frames are folded into the one answer object (`StreamedAnswer`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from zllm.api.errors import ReportedError, finished_error
-from zllm.canonical import (
-    Event,
-    Finished,
-    FinishReason,
-    ReasoningDelta,
-    RequestStream,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
+from zllm.canonical import Event, Finished, FinishReason, RequestStream
 from zllm.errors import Overloaded
 
 log = logging.getLogger("zllm.api")
@@ -52,43 +44,44 @@ def raise_unless_completed(finished: Finished | None) -> Finished:
     return finished
 
 
-class CollectedAnswer:
-    """A non-streaming answer's parts gathered from its events, for an API's builder to shape: the text, the
-    reasoning, the tool calls (ToolCallEnd's arguments replace the streamed deltas) and the Finished event."""
+class StreamEncoder(Protocol):
+    """What every API's streaming encoder is: frames out for the start and for each event."""
 
-    def __init__(self) -> None:
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        self._calls: dict[int, list[str]] = {}  # index → [id, name, arguments]
+    def start(self) -> list: ...
+
+    def feed(self, event: Event) -> list: ...
+
+
+class Fold(Protocol):
+    """Folds one API's stream frames, in order, into its non-streaming answer object."""
+
+    def apply(self, frame) -> None: ...
+
+    def result(self) -> dict: ...
+
+
+class StreamedAnswer:
+    """The one way every API builds a non-streaming answer: its stream encoder run to the end and the frames
+    folded into one object (what the API's own SDK does to a stream), so a streamed and a non-streamed
+    answer to the same events always agree (text, calls and their ids, finish reason, usage). Chat, Ollama
+    and Anthropic fold into their answer object; Responses keeps the terminal event's response."""
+
+    def __init__(self, encoder: StreamEncoder, fold: Fold):
+        self.encoder = encoder
+        self.fold = fold
         self.finished: Finished | None = None
+        self._apply(encoder.start())
 
     def feed(self, event: Event) -> None:
-        match event:
-            case TextDelta(text=text):
-                self._text.append(text)
-            case ReasoningDelta(text=text):
-                self._reasoning.append(text)
-            case ToolCallStart(index=index, id=call_id, name=name):
-                self._calls[index] = [call_id, name, ""]
-            case ToolCallArgsDelta(index=index, text=text):
-                self._calls.setdefault(index, ["", "", ""])[2] += text
-            case ToolCallEnd(index=index, arguments=arguments):
-                self._calls.setdefault(index, ["", "", ""])[2] = arguments
-            case Finished():
-                self.finished = event
+        if isinstance(event, Finished):
+            self.finished = event
+        self._apply(self.encoder.feed(event))
 
-    @property
-    def text(self) -> str:
-        return "".join(self._text)
+    def result(self) -> dict:
+        """The answer; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
+        raise_unless_completed(self.finished)
+        return self.fold.result()
 
-    @property
-    def has_reasoning(self) -> bool:
-        return bool(self._reasoning)
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(self._reasoning)
-
-    def tool_calls(self) -> list[tuple[int, str, str, str]]:
-        """(index, id, name, arguments) of each call, in index order."""
-        return [(index, call_id, name, arguments) for index, (call_id, name, arguments) in sorted(self._calls.items())]
+    def _apply(self, frames: list) -> None:
+        for frame in frames:
+            self.fold.apply(frame)

@@ -114,7 +114,8 @@ class StreamParser(ABC):
     @property
     @abstractmethod
     def calls_completed(self) -> int:
-        """How many tool calls were closed properly (the turn's finish reason is TOOL_CALLS when > 0)."""
+        """How many tool calls were closed properly (the finish reason counts opened calls instead: see
+        runtime/turn_output.py)."""
 
 
 class Dialect(ABC):

@@ -233,6 +233,7 @@ class LocalEngineClient:
             api=request.api,
             model=request.model,
             notes=describe_busters(prompt.dropped, reported_busters(request.messages)),
+            # the core owns each call's id (minted as the parser opens the call); APIs only spell it: api/call_ids.py
             parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                        new_call_id=new_tool_call_id),
             fence=fence,

@@ -3,8 +3,13 @@
     token id ─▶ OutputProcessor (hide control tokens, detokenize, stop tokens/strings, budget) ─▶ text
              ─▶ StreamParser.feed(text) ─▶ TextDelta / ReasoningDelta / ToolCallStart / ArgsDelta / End
 
-At the end the parser is finished (held text flushed, an open call closed) before the Finished event, and a
-turn that stopped naturally after complete tool calls finishes with TOOL_CALLS. Pure CPU, no torch.
+At the end the parser is finished (held text flushed, an open call closed) before the Finished event.
+
+The one rule for "the turn ended for tools", which every API then only spells (Chat `tool_calls`, Anthropic
+`tool_use`, Responses `completed`, Ollama `stop`): a turn that ends naturally (STOP: EOS or end of turn)
+after at least one call was opened (a ToolCallStart went out) finishes with TOOL_CALLS, closed properly or
+not: the call an EOS cut short is still delivered (finish() closes it), so the client must act on it. Any
+other ending (LENGTH, STOP_SEQUENCE, REPETITION, ABORT) keeps its own reason, calls or not. Pure CPU, no torch.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class TurnOutput:
     text_stage: OutputProcessor
     parser: StreamParser
     call_names: dict[int, str] = field(default_factory=dict)  # call index → tool name, from ToolCallStart
+    calls_opened: int = 0  # ToolCallStart events so far: what makes a natural end a TOOL_CALLS one
 
     @property
     def completion_tokens(self) -> int:
@@ -43,10 +49,10 @@ class TurnOutput:
     def accept(self, token_id: int) -> tuple[list[Event], Ending | None]:
         text, ending = self.text_stage.accept(token_id)
         events = self.parser.feed(text) if text else []
-        if ending is None:
-            return events, None
-        events += self.parser.finish()
-        if ending.reason is FinishReason.STOP and self.parser.calls_completed:
+        if ending is not None:
+            events += self.parser.finish()
+        self.calls_opened += sum(isinstance(event, ToolCallStart) for event in events)
+        if ending is not None and ending.reason is FinishReason.STOP and self.calls_opened:
             ending = Ending(FinishReason.TOOL_CALLS)
         return events, ending
 

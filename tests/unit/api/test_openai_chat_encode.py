@@ -6,7 +6,8 @@ import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
 from zllm.api.errors import ReportedError
-from zllm.api.openai_chat.encode import ChatCompletionBuilder, ChatStreamEncoder
+from zllm.api.openai_chat.completion import ChatCompletionBuilder
+from zllm.api.openai_chat.encode import ChatStreamEncoder
 from zllm.canonical import (
     Finished,
     FinishReason,

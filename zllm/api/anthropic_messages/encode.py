@@ -29,7 +29,8 @@ overrides, in the SDK and in Claude Code).
 
 ABORT ends the stream without message_stop. ERROR is `event: error` with
 `{"type":"error","error":{"type":"api_error"|"overloaded_error"|…,"message":…}}`.
-Tool-use ids are minted here (`toolu_` + random hex), one per call, whatever id the runtime gave it.
+A tool_use id is the core's call id in Anthropic's spelling (`toolu_` + its hex: api/call_ids.py). The stop
+reason is the canonical finish reason mapped (the core decides "ended for tools": runtime/turn_output.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from zllm import ids
 from zllm.api.anthropic_messages import wire
 from zllm.api.anthropic_messages.signature import sign_thinking
+from zllm.api.call_ids import ANTHROPIC, shown_call_id
 from zllm.api.errors import ApiError, anthropic_error_body, finished_error
 from zllm.api.sse import SseMessage
 from zllm.canonical import (
@@ -74,10 +76,6 @@ def new_message_id() -> str:
     return ids.new_id("msg")
 
 
-def new_tool_use_id() -> str:
-    return ids.new_id("toolu")
-
-
 @dataclass
 class _OpenBlock:
     index: int
@@ -99,7 +97,6 @@ class MessagesStreamEncoder:
         self.extra = extra or {}
         self._open: _OpenBlock | None = None
         self._next_index = 0
-        self._saw_tool_use = False
 
     def start(self) -> list[SseMessage]:
         message = {
@@ -165,8 +162,7 @@ class MessagesStreamEncoder:
     # tool_use ------------------------------------------------------------------------------------------------
 
     def _tool_use_start(self, event: ToolCallStart) -> list[SseMessage]:
-        self._saw_tool_use = True
-        block = {"type": wire.TOOL_USE, "id": new_tool_use_id(), "name": event.name, "input": {}}
+        block = {"type": wire.TOOL_USE, "id": shown_call_id(event.id, ANTHROPIC), "name": event.name, "input": {}}
         return self._switch_to(wire.TOOL_USE, block, tool_index=event.index)
 
     def _open_tool(self, index: int) -> _OpenBlock | None:
@@ -204,16 +200,10 @@ class MessagesStreamEncoder:
             return []
         if finished.reason is FinishReason.ERROR:
             return self.fail(finished_error(finished))
-        delta = {"stop_reason": self._stop_reason(finished.reason),
+        delta = {"stop_reason": wire.STOP_REASONS[finished.reason],
                  "stop_sequence": finished.stop_sequence if finished.reason is FinishReason.STOP_SEQUENCE else None}
         return [
             *self._close(),
             frame({"type": "message_delta", "delta": delta, "usage": usage_body(finished.usage)}),
             frame({"type": "message_stop"}),
         ]
-
-    def _stop_reason(self, reason: FinishReason) -> str:
-        # a turn that called tools ended for them, whatever token closed it
-        if reason is FinishReason.STOP and self._saw_tool_use:
-            return wire.STOP_REASONS[FinishReason.TOOL_CALLS]
-        return wire.STOP_REASONS[reason]

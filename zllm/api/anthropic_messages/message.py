@@ -8,8 +8,9 @@
      "usage": {"input_tokens": 6, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4,
                "output_tokens": 12}}
 
-Built by running the streaming encoder and accumulating its frames the way the SDK's `.stream()` helper
-does, so a streamed and a non-streamed answer to the same events always agree (blocks, ids, signatures).
+Built as every API builds its non-streaming answer (api/collect.StreamedAnswer): the streaming encoder run
+to the end, its frames accumulated the way the SDK's `.stream()` helper does, so a streamed and a
+non-streamed answer to the same events always agree (blocks, ids, signatures, stop reason).
 """
 
 from __future__ import annotations
@@ -18,47 +19,42 @@ import json
 import logging
 
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder
-from zllm.api.collect import raise_unless_completed
+from zllm.api.collect import StreamedAnswer
 from zllm.api.sse import SseMessage
-from zllm.canonical import Event, Finished
 
 log = logging.getLogger("zllm.api")
 
 
-class MessageBuilder:
+class MessageBuilder(StreamedAnswer):
     def __init__(self, encoder: MessagesStreamEncoder):
-        self._encoder = encoder
+        super().__init__(encoder, MessageFold())
+
+
+class MessageFold:
+    """Anthropic SSE frames → the `message` object, as the SDK's `.stream()` accumulates them."""
+
+    def __init__(self) -> None:
         self._message: dict = {}
         self._tool_json: dict[int, str] = {}  # block index → input JSON text streamed so far
-        self._finished: Finished | None = None
-        self._apply(encoder.start())
-
-    def feed(self, event: Event) -> None:
-        if isinstance(event, Finished):
-            self._finished = event
-        self._apply(self._encoder.feed(event))
 
     def result(self) -> dict:
-        """The message; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        raise_unless_completed(self._finished)
         return self._message
 
-    def _apply(self, frames: list[SseMessage]) -> None:
-        for message in frames:
-            data = message.data
-            assert isinstance(data, dict)
-            match data["type"]:
-                case "message_start":
-                    self._message = json.loads(json.dumps(data["message"]))  # a deep copy of plain JSON
-                case "content_block_start":
-                    self._message["content"].append(dict(data["content_block"]))
-                case "content_block_delta":
-                    self._apply_delta(data["index"], data["delta"])
-                case "content_block_stop":
-                    self._finish_block(data["index"])
-                case "message_delta":
-                    self._message.update(data["delta"])
-                    self._message["usage"] = data["usage"]
+    def apply(self, frame: SseMessage) -> None:
+        data = frame.data
+        assert isinstance(data, dict)
+        match data["type"]:
+            case "message_start":
+                self._message = json.loads(json.dumps(data["message"]))  # a deep copy of plain JSON
+            case "content_block_start":
+                self._message["content"].append(dict(data["content_block"]))
+            case "content_block_delta":
+                self._apply_delta(data["index"], data["delta"])
+            case "content_block_stop":
+                self._finish_block(data["index"])
+            case "message_delta":
+                self._message.update(data["delta"])
+                self._message["usage"] = data["usage"]
 
     def _apply_delta(self, index: int, delta: dict) -> None:
         block = self._message["content"][index]

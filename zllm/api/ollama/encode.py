@@ -1,4 +1,4 @@
-"""Canonical events → Ollama answers: NDJSON chunks while streaming, or one object (`stream: false`).
+"""Canonical events → Ollama NDJSON chunks (folded into one object for `stream: false`: reply.py).
 
 /api/chat, streaming (one JSON object per line):
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
-from zllm.api.collect import CollectedAnswer, raise_unless_completed
+from zllm.api.call_ids import OPENAI, shown_call_id
 from zllm.api.errors import ApiError, finished_error
 from zllm.api.ollama import wire
 from zllm.canonical import (
@@ -104,14 +104,14 @@ class Timings:
 
 def load_answer(kind: Kind, model: str) -> dict:
     """The answer to a request with no prompt: the model is loaded (it always is), nothing generated."""
-    return {**_head(model), **_body(kind, {}), "done": True, "done_reason": wire.LOAD}
+    return {**_head(model), **answer_body(kind, {}), "done": True, "done_reason": wire.LOAD}
 
 
 def _head(model: str) -> dict:
     return {"model": model, "created_at": timestamp()}
 
 
-def _body(kind: Kind, part: dict) -> dict:
+def answer_body(kind: Kind, part: dict) -> dict:
     """Text, reasoning and tool calls where `kind` puts them: a chat `message`, or generate's top level."""
     if kind == "chat":
         return {"message": {"role": "assistant", "content": part.get("content", ""),
@@ -123,7 +123,8 @@ def _body(kind: Kind, part: dict) -> dict:
 
 
 def _tool_call(index: int, call_id: str, name: str, arguments: str) -> dict:
-    return {"id": call_id, "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
+    return {"id": shown_call_id(call_id, OPENAI),
+            "function": {"index": index, "name": name, "arguments": tool_call_arguments(arguments)}}
 
 
 class OllamaStreamEncoder:
@@ -135,6 +136,9 @@ class OllamaStreamEncoder:
         self.timings = timings
         # index → [id, name, arguments so far]; a call goes out whole at its ToolCallEnd
         self._calls: dict[int, list[str]] = {}
+
+    def start(self) -> list[dict]:
+        return []  # Ollama sends nothing before the first piece of output
 
     def feed(self, event: Event) -> list[dict]:
         self.timings.saw_event()
@@ -166,34 +170,8 @@ class OllamaStreamEncoder:
             return []
         if finished.reason is FinishReason.ERROR:
             return self.fail(finished_error(finished))
-        return [{**_head(self.model), **_body(self.kind, {}), "done": True, **self.timings.final_fields(finished)}]
+        done = self.timings.final_fields(finished)
+        return [{**_head(self.model), **answer_body(self.kind, {}), "done": True, **done}]
 
     def _chunk(self, part: dict) -> dict:
-        return {**_head(self.model), **_body(self.kind, part), "done": False}
-
-
-class OllamaReplyBuilder:
-    """Collects a whole request's events into one answer object (`stream: false`)."""
-
-    def __init__(self, *, kind: Kind, model: str, timings: Timings):
-        self.kind = kind
-        self.model = model
-        self.timings = timings
-        self._answer = CollectedAnswer()
-
-    def feed(self, event: Event) -> None:
-        self.timings.saw_event()
-        self._answer.feed(event)
-
-    def result(self) -> dict:
-        """The answer; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        answer = self._answer
-        finished = raise_unless_completed(answer.finished)
-        part: dict = {"content": answer.text}
-        if answer.has_reasoning:
-            part["thinking"] = answer.reasoning
-        calls = answer.tool_calls()
-        if calls and self.kind == "chat":
-            part["tool_calls"] = [_tool_call(index, call_id, name, arguments)
-                                  for index, call_id, name, arguments in calls]
-        return {**_head(self.model), **_body(self.kind, part), "done": True, **self.timings.final_fields(finished)}
+        return {**_head(self.model), **answer_body(self.kind, part), "done": False}

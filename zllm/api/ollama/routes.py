@@ -21,13 +21,13 @@ from zllm.api.ollama import model_routes, pull
 from zllm.api.ollama.decode import OllamaCall, decode_chat, decode_generate
 from zllm.api.ollama.encode import (
     Kind,
-    OllamaReplyBuilder,
     OllamaStreamEncoder,
     Timings,
     load_answer,
     ollama_error_body,
 )
 from zllm.api.ollama.ndjson import stream_ndjson
+from zllm.api.ollama.reply import OllamaReplyBuilder
 from zllm.api.ollama.served import served_card
 from zllm.canonical.library import ModelLibrary
 from zllm.errors import ModelNotFound

@@ -1,4 +1,5 @@
-"""Canonical events → OpenAI Chat Completions: streaming chunks, or one `chat.completion` object.
+"""Canonical events → OpenAI Chat Completions streaming chunks (folded into one `chat.completion` object for a
+non-streaming answer: completion.py).
 
 Streaming (data-only SSE; each line below is one `data:` frame):
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from zllm.api.collect import CollectedAnswer, raise_unless_completed
+from zllm.api.call_ids import OPENAI, shown_call_id
 from zllm.api.errors import ApiError, finished_error, openai_error_body
 from zllm.api.openai_chat import wire
 from zllm.api.sse import SsePayload
@@ -91,7 +92,7 @@ class ChatStreamEncoder:
 
     def _tool_call_start(self, event: ToolCallStart) -> dict:
         self._streamed_args[event.index] = ""
-        call = {"index": event.index, "id": event.id, "type": "function",
+        call = {"index": event.index, "id": shown_call_id(event.id, OPENAI), "type": "function",
                 "function": {"name": event.name, "arguments": ""}}
         return self._chunk({"tool_calls": [call]})
 
@@ -136,47 +137,3 @@ class ChatStreamEncoder:
         if self.include_usage:
             chunk["usage"] = usage
         return chunk
-
-
-class ChatCompletionBuilder:
-    """Collects a whole request's events into one `chat.completion` object (non-streaming)."""
-
-    def __init__(self, *, completion_id: str, model: str, created: int):
-        self.completion_id = completion_id
-        self.model = model
-        self.created = created
-        self._answer = CollectedAnswer()
-
-    def feed(self, event: Event) -> None:
-        self._answer.feed(event)
-
-    def result(self) -> dict:
-        """The completion; raises the engine's error for ERROR, `Overloaded` (retryable) for ABORT."""
-        finished = raise_unless_completed(self._answer.finished)
-        return {
-            "id": self.completion_id,
-            "object": wire.CHAT_COMPLETION,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [{
-                "index": 0,
-                "message": self._message(),
-                "logprobs": None,
-                "finish_reason": wire.FINISH_REASONS[finished.reason],
-            }],
-            "usage": usage_body(finished.usage, saw_reasoning=self._answer.has_reasoning),
-        }
-
-    def _message(self) -> dict:
-        answer = self._answer
-        text, calls = answer.text, answer.tool_calls()
-        message: dict = {"role": "assistant", "content": text if text or not calls else None}
-        if answer.has_reasoning:
-            message[wire.REASONING_FIELD] = answer.reasoning
-        if calls:
-            message["tool_calls"] = [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-                for _, call_id, name, arguments in calls
-            ]
-        return message

@@ -16,8 +16,9 @@ from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, heartbeat_of
 from zllm.api.errors import openai_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
+from zllm.api.openai_chat.completion import ChatCompletionBuilder
 from zllm.api.openai_chat.decode import decode_chat_request
-from zllm.api.openai_chat.encode import ChatCompletionBuilder, ChatStreamEncoder
+from zllm.api.openai_chat.encode import ChatStreamEncoder
 from zllm.api.sse import stream_sse
 
 PATH = "/v1/chat/completions"

@@ -20,7 +20,8 @@ JSON text frame each) carry the same objects; every one has a `sequence_number`,
 
 A custom tool's input arrives as JSON `{"input": "…"}` text; it is sent as one delta once the call ends
 (streaming it would need an incremental JSON-string decoder; no client here shows partial input).
-Item and call ids are minted per response (`mint`), never derived from names or the engine's ids.
+Item ids are minted per response (`mint`), never derived from names; a call's `call_id` is the core's id for
+the call (api/call_ids.py), so the trace, the stream and the next turn's history name the call alike.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zllm import ids
+from zllm.api.call_ids import OPENAI, shown_call_id
 from zllm.api.errors import ApiError, finished_error
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.items import encode_reasoning
@@ -188,7 +190,7 @@ class ResponseEventEncoder:
         custom = tool.kind == "custom"
         item = {"type": wire.CUSTOM_TOOL_CALL if custom else wire.FUNCTION_CALL,
                 "id": self._mint(wire.CUSTOM_TOOL_CALL_ID if custom else wire.FUNCTION_CALL_ID),
-                "status": wire.STATUS_IN_PROGRESS, "call_id": self._mint(wire.CALL_ID), "name": tool.name,
+                "status": wire.STATUS_IN_PROGRESS, "call_id": shown_call_id(event.id, OPENAI), "name": tool.name,
                 **({"input": ""} if custom else {"arguments": ""})}
         if tool.namespace:
             item["namespace"] = tool.namespace

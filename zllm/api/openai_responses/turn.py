@@ -21,7 +21,7 @@ from zllm.api.cache_diagnostics import (
     responses_diagnostics,
     responses_options_echo,
 )
-from zllm.api.collect import raise_unless_completed, run_to_finish
+from zllm.api.collect import StreamedAnswer, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
 from zllm.api.openai_responses.compact import CompactionEventEncoder, summary_request
@@ -35,7 +35,7 @@ from zllm.api.openai_responses.decode import (
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
-from zllm.canonical import EngineClient, Finished, Message, RequestStream
+from zllm.canonical import EngineClient, Message, RequestStream
 from zllm.errors import ContextLengthExceeded, ModelNotFound
 from zllm.store import StoredResponse
 
@@ -93,24 +93,31 @@ async def collect(turn: Turn) -> dict:
     """Run the turn to its end without streaming; the final response object (or the engine's error)."""
     if turn.stream is None:
         return turn.encoder.prewarm()[-1]["response"]
-    terminal: dict | None = None
-
-    def keep_terminal(event) -> None:
-        nonlocal terminal
-        for frame in turn.encoder.feed(event):
-            if frame["type"] in _TERMINAL_TYPES:
-                terminal = frame
-
-    finished = await run_to_finish(turn.stream, keep_terminal)
-    return _final(finished, terminal)
+    terminal = TerminalResponse()
+    answer = StreamedAnswer(turn.encoder, terminal)
+    await run_to_finish(turn.stream, answer.feed)
+    if terminal.cancelled:
+        return terminal.result()  # cancelled: the caller gets what was generated (other ABORTs raise)
+    return answer.result()
 
 
-def _final(finished: Finished | None, terminal: dict | None) -> dict:
-    if terminal is not None and terminal["response"]["status"] == wire.STATUS_CANCELLED:
-        return terminal["response"]  # cancelled: the caller gets what was generated (other ABORTs raise)
-    raise_unless_completed(finished)
-    assert terminal is not None, "the encoder answers every completed Finished with a terminal event"
-    return terminal["response"]
+class TerminalResponse:
+    """Responses stream events → the response object the terminal event carries (the encoder builds it)."""
+
+    def __init__(self) -> None:
+        self._response: dict | None = None
+
+    def apply(self, event: dict) -> None:
+        if event["type"] in _TERMINAL_TYPES:
+            self._response = event["response"]
+
+    @property
+    def cancelled(self) -> bool:
+        return self._response is not None and self._response["status"] == wire.STATUS_CANCELLED
+
+    def result(self) -> dict:
+        assert self._response is not None, "the encoder answers every completed Finished with a terminal event"
+        return self._response
 
 
 def _check_model(engine: EngineClient, model: str) -> int:

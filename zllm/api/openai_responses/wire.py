@@ -110,7 +110,7 @@ MESSAGE_ID = "msg"
 REASONING_ID = "rs"
 FUNCTION_CALL_ID = "fc"
 CUSTOM_TOOL_CALL_ID = "ctc"
-CALL_ID = "call"
+# (a call's call_id is the core's id: api/call_ids.py)
 
 # WebSocket client frames
 WS_CREATE = "response.create"

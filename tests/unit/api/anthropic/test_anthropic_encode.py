@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
-from zllm.api.anthropic_messages import encode
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.anthropic_messages.signature import sign_thinking
@@ -61,12 +58,6 @@ def end(stop_reason: str, usage: str, stop_sequence: str = "null") -> str:
 def usage(input_tokens: int, output_tokens: int, cache_read: int = 0) -> str:
     return (f'{{"input_tokens":{input_tokens},"cache_creation_input_tokens":0,'
             f'"cache_read_input_tokens":{cache_read},"output_tokens":{output_tokens}}}')
-
-
-@pytest.fixture(autouse=True)
-def numbered_tool_ids(monkeypatch):
-    counter = itertools.count(1)
-    monkeypatch.setattr(encode, "new_tool_use_id", lambda: f"toolu_{next(counter)}")
 
 
 def encoder() -> MessagesStreamEncoder:
@@ -134,7 +125,7 @@ def test_thinking_then_text_golden():
 
 
 def test_tool_use_golden():
-    events = tool_call_events("sh", '{"cmd":"ls"}', call_id="call_x", chunk=7, text="Let me look.")
+    events = tool_call_events("sh", '{"cmd":"ls"}', call_id="call_1", chunk=7, text="Let me look.")
     assert stream_text(events) == START + (
         block_start(0, '{"type":"text","text":""}')
         + delta(0, '{"type":"text_delta","text":"Let me look."}')
@@ -147,10 +138,10 @@ def test_tool_use_golden():
     )
 
 
-def test_two_tool_calls_get_distinct_ids_and_late_arguments_are_streamed_at_the_end():
-    events = [ToolCallStart(0, "call_0", "a"), ToolCallEnd(0, '{"x":1}'),
-              ToolCallStart(1, "call_0", "a"), ToolCallEnd(1, "{}"),
-              Finished(FinishReason.STOP, Usage(10, 9))]  # STOP after tool calls still means tool_use
+def test_tool_use_ids_are_the_core_ids_and_late_arguments_are_streamed_at_the_end():
+    events = [ToolCallStart(0, "call_1", "a"), ToolCallEnd(0, '{"x":1}'),
+              ToolCallStart(1, "call_2", "a"), ToolCallEnd(1, "{}"),
+              Finished(FinishReason.TOOL_CALLS, Usage(10, 9))]
     assert stream_text(events) == START + (
         block_start(0, '{"type":"tool_use","id":"toolu_1","name":"a","input":{}}')
         + delta(0, '{"type":"input_json_delta","partial_json":"{\\"x\\":1}"}')
@@ -211,7 +202,7 @@ def build(events) -> dict:
 
 
 def test_message_object_golden():
-    events = [*THINKING_EVENTS[:-1], *tool_call_events("sh", '{"cmd":"ls"}', prompt_tokens=10)]
+    events = [*THINKING_EVENTS[:-1], *tool_call_events("sh", '{"cmd":"ls"}', call_id="call_1", prompt_tokens=10)]
     assert build(events) == {
         "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
         "content": [

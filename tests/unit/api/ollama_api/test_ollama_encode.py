@@ -8,12 +8,12 @@ import json
 import pytest
 
 from zllm.api.ollama.encode import (
-    OllamaReplyBuilder,
     OllamaStreamEncoder,
     Timings,
     encode_line,
     tool_call_arguments,
 )
+from zllm.api.ollama.reply import OllamaReplyBuilder
 from zllm.canonical import (
     Finished,
     FinishReason,

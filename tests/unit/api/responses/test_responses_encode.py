@@ -109,8 +109,8 @@ def test_reasoning_then_text_golden():
 
 
 def test_function_call_with_argument_deltas_golden():
-    frames = run(tool_call_events("agents.spawn", '{"task":"x"}', chunk=5, call_id="engine_id"))
-    added = {"type": "function_call", "id": "fc_1", "status": "in_progress", "call_id": "call_2",
+    frames = run(tool_call_events("agents.spawn", '{"task":"x"}', chunk=5, call_id="call_0f3a"))
+    added = {"type": "function_call", "id": "fc_1", "status": "in_progress", "call_id": "call_0f3a",
              "name": "spawn", "arguments": "", "namespace": "agents"}
     where = {"item_id": "fc_1", "output_index": 0}
     done = {**added, "status": "completed", "arguments": '{"task":"x"}'}
@@ -140,7 +140,7 @@ def test_custom_tool_call_golden():
     assert [f["type"] for f in body] == ["response.output_item.added", "response.custom_tool_call_input.delta",
                                          "response.custom_tool_call_input.done", "response.output_item.done"]
     assert body[0]["item"] == {"type": "custom_tool_call", "id": "ctc_1", "status": "in_progress",
-                               "call_id": "call_2", "name": "apply_patch", "input": ""}
+                               "call_id": "call_fake0", "name": "apply_patch", "input": ""}
     assert body[1]["delta"] == body[2]["input"] == "*** Begin Patch\n*** End Patch"
     assert body[3]["item"]["input"] == "*** Begin Patch\n*** End Patch"
 
