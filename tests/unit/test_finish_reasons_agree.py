@@ -26,7 +26,7 @@ from zllm.api.openai_responses.response_object import response_shell
 from zllm.api.openai_responses.tools import decode_tools
 from zllm.api.openai_responses.turn import TerminalResponse
 from zllm.canonical import Event, Finished, FinishReason, Usage
-from zllm.dialects.hermes_json import HermesJson
+from zllm.dialects.hermes.dialect import HermesJson
 from zllm.ids import tool_call_id
 from zllm.runtime.detokenizer import IncrementalDetokenizer
 from zllm.runtime.output import OutputProcessor

@@ -347,7 +347,7 @@ class SequencePrefixCache(CacheTiers):
     def _note_near_miss(self, lease: SequenceLease, entry: SequenceEntry | None, shared: int,
                         describe: Callable[[int], str] | None, request_id: str) -> None:
         near = self.near_miss_log
-        if entry is not None and lease.tier is not Tier.SSD and near.qualifies(shared, entry.length, len(lease.prompt)):
+        if entry is not None and not lease.tier.from_ssd and near.qualifies(shared, entry.length, len(lease.prompt)):
             lease.near_miss = near.record(namespace=lease.namespace, entry_id=entry.id, tier=Tier.DEVICE,
                                           request=lease.prompt, entry=entry.tokens, shared=shared,
                                           prompt_length=entry.prompt_length, describe=describe,
