@@ -4,7 +4,8 @@
 
 MODEL_DIR: a GGUF pull in a zllm store, DATA_DIR/models/NAME (default as bench_args.resolve_model_dir). The
 daemon (`python -m zllm serve --model NAME`, this interpreter, state in a temp dir) is read from outside, from
-/proc: after it is ready, after one served chat turn and after a tool-call turn (which builds the fence). Each
+/proc: after it is ready, after one served chat turn, after a tool-call turn (which builds the fence) and
+after a long turn (--long-tokens of prompt: llama.cpp's compute buffers at their full ubatch). Each
 JSON line gives VmRSS, smaps_rollup's anonymous / file-backed parts, `zllm ps`'s KV bytes and model bytes, and
 ratio = VmRSS / (GGUF file + KV pool), the issue's goal ≤ 1.3. --modules prints which heavy modules the
 daemon imported (from its `-X importtime` log).
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_args import model_parser, resolve_model_dir
+from bench_args import FILLER, model_parser, resolve_model_dir
 
 from tests.support.daemon import free_port
 from zllm.engine.loader import GGUF_FILE
@@ -49,8 +50,8 @@ def proc_memory(pid: int) -> dict[str, int]:
     return facts
 
 
-def chat(port: int, model: str, **extra) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": "Read the file src/app.py, please."}],
+def chat(port: int, model: str, content: str = "Read the file src/app.py, please.", **extra) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": 16, "temperature": 0.0, **extra}
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -92,6 +93,7 @@ def main() -> None:
     parser = model_parser(__doc__.splitlines()[0], dtype=False)
     parser.set_defaults(threads=2)
     parser.add_argument("--modules", action="store_true", help="list the heavy modules the daemon imported")
+    parser.add_argument("--long-tokens", type=int, default=2000, help="about this many prompt tokens in the long turn")
     args = parser.parse_args()
     model_dir = resolve_model_dir(args).resolve()
     if model_dir.parent.name != "models":
@@ -111,14 +113,17 @@ def main() -> None:
                                  str(args.threads), "--port", str(port)], stdout=log_file, stderr=log_file, env=env)
     try:
         wait_ready(proc, port, log)
-        steps = (("ready", None), ("chat_turn", {}), ("tool_turn", {"tools": TOOLS, "tool_choice": "required"}))
+        long_text = FILLER * (args.long_tokens // 24 + 1)  # ~24 tokens of FILLER each
+        steps = (("ready", None), ("chat_turn", {}), ("tool_turn", {"tools": TOOLS, "tool_choice": "required"}),
+                 ("long_turn", {"content": long_text + "\nSummarize that."}))
         for step, extra in steps:
+            prompt_tokens = None
             if extra is not None:
-                chat(port, model_dir.name, **extra)
+                prompt_tokens = chat(port, model_dir.name, **extra).get("usage", {}).get("prompt_tokens")
             time.sleep(0.5)
             memory, model = proc_memory(proc.pid), ps(env)
             kv = model.get("kv_cache_bytes") or 0
-            print(json.dumps({"bench": "resident_memory", "step": step, "model": model_dir.name,
+            print(json.dumps({"bench": "resident_memory", "step": step, "prompt_tokens": prompt_tokens,
                               "vm_rss_mb": round(memory["VmRSS"] / 1024, 1),
                               "vm_hwm_mb": round(memory["VmHWM"] / 1024, 1),
                               "rss_anon_mb": round(memory["RssAnon"] / 1024, 1),
