@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.tiny_models import tiny_llama_tokenizer, tiny_qwen_dir, tiny_qwen_tokenizer
 from zllm.prompt.tokenizer_files import TokenizerFiles
-from zllm.runtime.fence_vocab import _ll_tokenizer, _TokenBytes, _tokenizer_json
+from zllm.runtime.fence_vocab import MASK_SLICES, _ll_tokenizer, _TokenBytes, _tokenizer_json
 
 TEXTS = ("hello world", "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}}\n</tool_call>",
          "  déjà vu 日本語 🙂\n\n\t  x", "<|im_start|>user\nHi<|im_end|>", "def f(x):\n    return x**2  # ok",
@@ -54,3 +54,8 @@ def test_text_tokenizes_the_same(tokenizers_pair, text) -> None:
         assert from_bytes.tokenize_str(text, parse_special=True) == tokenizer.encode(text, add_special_tokens=False)
     assert from_bytes.tokenize_bytes(text.encode()[:-1]) == from_json.tokenize_bytes(text.encode()[:-1])
     assert from_bytes.greedy_tokenize(text) == from_json.greedy_tokenize(text)
+
+
+def test_the_mask_slice_is_llguidances_own_json_string_slice() -> None:
+    """A renamed or reworded slice in a later llguidance would silently cost the mask its speed."""
+    assert MASK_SLICES and set(MASK_SLICES) <= set(llguidance.LLTokenizer.json_slices())
