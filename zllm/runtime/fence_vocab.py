@@ -1,7 +1,8 @@
 """What the fence must know about one model's vocabulary, and the checks that refuse an unsatisfiable fence.
 
-Built once per loaded model (`FenceVocab.build`, ~1 s for a 50K vocabulary, ~3 s for 150K: llguidance walks
-every token, twice, see `_ll_tokenizer`).
+Built once per loaded model (`FenceVocab.build`, ~0.7 s for a 49K vocabulary, ~2.5 s for 152K: llguidance
+walks every token, twice, see `_ll_tokenizer`; resident after, 37 MB at 152K where the tokenizer's JSON alone
+made 123).
 
 Added tokens are the trap. llguidance treats every added token (`<tool_call>` = 151657 in Qwen) as special: a
 grammar names it `<[151657]>`; a *quoted* literal matches text bytes only, spelled with ordinary tokens
@@ -176,8 +177,9 @@ def _ll_tokenizer(tokenizer, *, n_vocab: int, eos_token) -> llguidance.LLTokeniz
     probe = llguidance.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=n_vocab, eos_token=eos_token, slices=[])
     view = _TokenBytes(tokenizer, [probe.decode_bytes([i]) for i in range(n_vocab)],
                        [i for i in range(n_vocab) if probe.is_special_token(i)])
-    if not view.splits_like(probe):
-        return probe.with_slices(MASK_SLICES)
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is not None or backend.truncation is not None or not view.splits_like(probe):
+        return probe.with_slices(MASK_SLICES)  # (a padding / truncating tokenizer would pad the callback's ids)
     del probe
     wrapper = llguidance.TokenizerWrapper(view)
     ll_tokenizer = llguidance.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=eos_token, slices=MASK_SLICES)
