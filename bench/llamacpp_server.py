@@ -23,7 +23,11 @@ is the TTFT (rendering included), measured from this process. Steps, the two ser
               (zllm: SSD-tier restore; llama-server: recomputes, it keeps no prompt cache across restarts)
 
 One JSON line per (threads, step): seconds for each server, ratio = zllm / llama-server, prompt tokens each
-side reports (the two templates' renderings may differ by a few tokens) and cached tokens where reported.
+side reports (the two templates' renderings may differ by a few tokens) and cached tokens where reported, and
+where each side's time went: engine_s, the prompt's prefill inside the engine (zllm: its trace's prefill_s,
+restore included; llama-server: timings.prompt_ms), and overhead_s = wall - engine_s (HTTP, rendering,
+tokenizing, the cache lookup, sampling the token, the answer). On turn 2 both sides prefill the same new
+tokens from the same cached prefix: the engine_s of both is the same llama_decode.
 """
 
 from __future__ import annotations
@@ -117,7 +121,19 @@ def usage_facts(reply: dict) -> dict:
     if cached is None and "timings" in reply:
         cached = reply["timings"].get("cache_n")
     facts["cached_tokens"] = cached
+    if "timings" in reply:
+        facts["engine_s"] = round(reply["timings"].get("prompt_ms", 0.0) / 1e3, 3)
+    elif "_trace" in reply:
+        facts["engine_s"] = round(reply["_trace"].get("prefill_s") or 0.0, 3)
     return facts
+
+
+def with_trace(server: Server, reply: dict) -> dict:
+    """zllm's own account of the request just served (`zllm trace --last 1`): its prefill_s, restore_s."""
+    done = subprocess.run([*server.command[:server.command.index("serve")], "trace", "--json", "--last", "1"],
+                          check=False, env=server.env, capture_output=True, text=True, timeout=60)
+    lines = done.stdout.strip().splitlines()
+    return {**reply, "_trace": json.loads(lines[-1])} if done.returncode == 0 and lines else reply
 
 
 def servers_for(args, model_dir: Path, threads: int, scratch: Path) -> dict[str, Server]:
@@ -126,17 +142,24 @@ def servers_for(args, model_dir: Path, threads: int, scratch: Path) -> dict[str,
         sys.exit(f"error: {model_dir} is not in a zllm store (DATA_DIR/models/NAME): pull the GGUF first")
     zllm_env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
                 "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run"),
-                "ZLLM_CONFIG": str(scratch / "config.toml"), "HF_HUB_OFFLINE": "1"}
+                "ZLLM_CONFIG": str(scratch / "config.toml"), "HF_HUB_OFFLINE": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     (scratch / "config.toml").write_text("")
     zllm_port, llama_port = free_port(), free_port()
     gguf = (model_dir / GGUF_FILE).resolve()
     return {
-        "zllm": Server("zllm", [str(ROOT / ".venv" / "bin" / "zllm"), "serve", "--model", model_dir.name, "--threads",
+        "zllm": Server("zllm", [*zllm_command(), "serve", "--model", model_dir.name, "--threads",
                                 str(threads), "--port", str(zllm_port)], zllm_port, zllm_env, scratch),
         "llama_server": Server("llama_server", [str(args.llama_server), "-m", str(gguf), "-t", str(threads), "-tb",
                                                 str(threads), "-c", str(args.context), "--port", str(llama_port),
                                                 "--jinja", "--no-webui"], llama_port, dict(os.environ), scratch),
     }
+
+
+def zllm_command() -> list[str]:
+    """The repository's .venv/bin/zllm, else this interpreter's `-m zllm` (with the repository on PYTHONPATH)."""
+    script = ROOT / ".venv" / "bin" / "zllm"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "zllm"]
 
 
 def emit(values: dict, facts: dict) -> None:
@@ -163,18 +186,22 @@ def main() -> None:
                 server.chat(warm, model_dir.name)
             for step, messages in (("cold", turn1), ("turn2", turn2)):
                 for name, server in servers.items():
-                    results[step][name] = server.chat(messages, model_dir.name)
+                    seconds, reply = server.chat(messages, model_dir.name)
+                    results[step][name] = (seconds, with_trace(server, reply) if name == "zllm" else reply)
             for server in servers.values():
                 server.stop()
             for server in servers.values():
                 server.start()
                 server.chat(warm, model_dir.name)
             for name, server in servers.items():
-                results["restart"][name] = server.chat(turn2, model_dir.name)
+                seconds, reply = server.chat(turn2, model_dir.name)
+                results["restart"][name] = (seconds, with_trace(server, reply) if name == "zllm" else reply)
             for step, sides in results.items():
                 emit({"step": step, **{name: round(seconds, 3) for name, (seconds, _) in sides.items()},
                       "ratio": round(sides["zllm"][0] / sides["llama_server"][0], 3),
-                      **{f"{name}_usage": usage_facts(reply) for name, (_, reply) in sides.items()}}, facts)
+                      **{f"{name}_usage": usage_facts(reply) for name, (_, reply) in sides.items()},
+                      **{f"{name}_overhead_s": round(seconds - usage_facts(reply)["engine_s"], 3)
+                         for name, (seconds, reply) in sides.items() if "engine_s" in usage_facts(reply)}}, facts)
         finally:
             for server in servers.values():
                 server.stop()

@@ -1,6 +1,7 @@
 """What the fence must know about one model's vocabulary, and the checks that refuse an unsatisfiable fence.
 
-Built once per loaded model (`FenceVocab.build`: llguidance walks every token, which takes a while).
+Built once per loaded model (`FenceVocab.build`: llguidance walks every token, twice — see `_ll_tokenizer` —
+which takes a while).
 
 Added tokens are the trap. llguidance treats every added token (`<tool_call>` = 151657 in Qwen) as special: a
 grammar names it `<[151657]>`; a *quoted* literal matches text bytes only, spelled with ordinary tokens
@@ -64,7 +65,7 @@ class FenceVocab:
             raise ConfigError(f"stop token ids {outside} are outside the vocabulary ({n_vocab} ids)")
         eos = sorted(stop_token_ids) or tokenizer.eos_token_id
         try:
-            ll_tokenizer = llguidance.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=n_vocab, eos_token=eos)
+            ll_tokenizer = _ll_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
         except ValueError as exc:
             raise ConfigError(f"llguidance cannot use this tokenizer: {exc}") from exc
         added = tokenizer.get_added_vocab()
@@ -150,6 +151,55 @@ class FenceVocab:
         if any(self.ll_tokenizer.is_special_token(token) for token in tokens):
             return False
         return self.ll_tokenizer.decode_bytes(tokens) == text.encode()
+
+
+# llguidance's token-mask "slices" (token subsets precomputed for common lexemes) cost resident memory in
+# proportion to the vocabulary: its four general ones 11 MB at 49K tokens, 35 MB at 152K. The one for JSON
+# string contents alone keeps the mask as fast (over a tool call's JSON, per token: 10 µs at 152K tokens vs 10
+# with all four and 150 with none; 6 vs 6 and 20 at 49K) at a quarter of the memory.
+MASK_SLICES = [r'[^"\\\x00-\x1F\x7F]+']
+# fragments whose tokens a tokenizer must give as llguidance does, mid-text: a SentencePiece tokenizer that
+# prepends "▁" to what it encodes does not (llguidance's JSON loader switches that off in its own copy)
+_FRAGMENTS = ("hello", "x = 1", " indented", "\n\tdef f():", "déjà 日本")
+
+
+def _ll_tokenizer(tokenizer, *, n_vocab: int, eos_token) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer over the token bytes, tokenizing through zllm's own Rust tokenizer.
+
+    Built from the tokenizer's JSON, llguidance keeps a second copy of the Rust tokenizer for its whole life
+    (what that costs: bench/resident_memory.py). So a first, slice-less LLTokenizer is
+    built from the JSON to read each token's bytes and specialness (llguidance's own byte-level and
+    byte-fallback decoding, not a copy of it here); the one kept is built from those bytes and calls back
+    into `tokenizer` to tokenize. Where that tokenizer splits a fragment otherwise than llguidance's copy (a
+    prepended "▁"), the JSON-built one is kept, with the slices. A test compares both on the suite's
+    tokenizers."""
+    probe = llguidance.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=n_vocab, eos_token=eos_token, slices=[])
+    view = _TokenBytes(tokenizer, [probe.decode_bytes([i]) for i in range(n_vocab)],
+                       [i for i in range(n_vocab) if probe.is_special_token(i)])
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is not None or backend.truncation is not None or not view.splits_like(probe):
+        return probe.with_slices(MASK_SLICES)  # (a padding / truncating tokenizer would pad the callback's ids)
+    del probe
+    wrapper = llguidance.TokenizerWrapper(view)
+    ll_tokenizer = llguidance.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=eos_token, slices=MASK_SLICES)
+    wrapper.tokens = view.tokens = []  # copied into llguidance's trie; it keeps the wrapper for the callback
+    return ll_tokenizer
+
+
+class _TokenBytes:
+    """What `llguidance.TokenizerWrapper` reads of a tokenizer: every token's bytes, the special ids, and a
+    call that tokenizes text (no special-token parsing: llguidance asks for text it will match as bytes)."""
+
+    def __init__(self, tokenizer, tokens: list[bytes], special_token_ids: list[int]):
+        self.tokens, self.special_token_ids = tokens, special_token_ids
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_token_id, tokenizer.bos_token_id
+        self._encode = tokenizer.backend_tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=False).ids
+
+    def splits_like(self, ll_tokenizer: llguidance.LLTokenizer) -> bool:
+        return all(self(text) == ll_tokenizer.tokenize_str(text) for text in _FRAGMENTS)
 
 
 def _tokenizer_json(tokenizer) -> str:
