@@ -276,16 +276,16 @@ class LlamaCppEngine:
         return seq
 
 
-def read_quantization(gguf_path: str) -> str:
-    """The file type llama.cpp reports ("Q4_1", "Q4_K - Medium" → "Q4_K_M" style), from the model's description."""
-    import gguf
+def read_quantization(engine: LlamaCppEngine) -> str:
+    """The file type ("Q4_1", "Q4_K_M"), from the loaded model's own metadata: reading it with gguf's
+    GGUFReader mapped the whole file and kept its pages and tensor tables resident after (bench/resident_memory.py)."""
+    import gguf  # only for the names of the file types
 
-    reader = gguf.GGUFReader(gguf_path)
-    field = reader.fields.get("general.file_type")
-    if field is None:
+    buf = ctypes.create_string_buffer(32)
+    if lc.llama_model_meta_val_str(engine.model, b"general.file_type", buf, len(buf)) < 0:
         return "unknown"
     try:
-        return gguf.LlamaFileType(field.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        return gguf.LlamaFileType(int(buf.value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return "unknown"
 

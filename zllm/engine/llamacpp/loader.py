@@ -41,7 +41,7 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
         cells=_cells(window, cache_budget_mb, gguf), max_sequences=min(256, max(64, 4 * max_batch)),
         threads=threads, ubatch=ubatch, gpu_layers=gpu_layers))
     return LoadedModel(path=path, model=None, tokenizer=tokenizer, device="cpu",
-                       dtype=read_quantization(str(gguf)), context_length=window, threads=threads,
+                       dtype=read_quantization(engine), context_length=window, threads=threads,
                        backend="llamacpp", backend_reason=reason, engine=engine, model_config=config,
                        generation_eos=_generation_eos(path))
 
