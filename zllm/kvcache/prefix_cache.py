@@ -165,11 +165,6 @@ class PrefixCache(CacheTiers):
         except SnapshotInvalid as exc:
             return exc
 
-    def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
-        """Whether one more request's working buffers fit the device budget beside those in use (cached entries
-        are evictable, working sets of running requests are not). The engine admits only what fits."""
-        return self.admission_need(prompt_tokens, max_new_tokens) <= self.admission_room()
-
     def admission_need(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """Bytes of working buffers a request would hold while it runs (the scheduler's unit of room)."""
         return self.pool.bytes_for(prompt_tokens + min(max_new_tokens, self.config.decode_reserve_tokens))

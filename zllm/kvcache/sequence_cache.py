@@ -15,8 +15,8 @@ whole length (cells shared between an entry and a row are counted twice, so the 
 least recently used entries are evicted to admit a request. An entry whose tokens are a prefix of a newer
 entry's is dropped when the newer one is kept: the newer sequence holds those cells too.
 
-The runtime-facing surface (acquire / finish / release / has_room_for / observe_prefill / stats / entries /
-prune / near_misses / flush / check_integrity / close) is PrefixCache's, so the engine loop and the control
+The runtime-facing surface (acquire / finish / release / admission_need / admission_room / observe_prefill /
+stats / entries / prune / near_misses / flush / check_integrity / close) is PrefixCache's, so the engine loop and the control
 methods use either. Engine thread for the lifecycle; stats, entries, prune and near_misses from any thread.
 """
 
@@ -196,10 +196,6 @@ class SequencePrefixCache(CacheTiers):
             return self.read_ssd(lease)
         except SnapshotInvalid as exc:
             return exc
-
-    def has_room_for(self, prompt_tokens: int, max_new_tokens: int) -> bool:
-        """Whether one more request fits beside the running ones (entries are evictable, rows are not)."""
-        return self.admission_need(prompt_tokens, max_new_tokens) <= self.admission_room()
 
     def admission_need(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """Pool cells a request reserves while it runs (the scheduler's unit of room)."""

@@ -158,12 +158,12 @@ def test_the_pool_budget_evicts_least_recently_used_entries(tiny_gguf_path) -> N
         cache = new_cache(engine)
         prompts = [[(i * k) % 300 + 30 for i in range(150)] for k in (3, 5, 7, 11, 13)]
         for n, prompt in enumerate(prompts):
-            assert cache.has_room_for(len(prompt), 4)
+            assert cache.admission_need(len(prompt), 4) <= cache.admission_room()
             run(engine, cache, prompt, f"r{n}", generate=2)
             held = sum(e.tokens for e in cache.entries() if e.tier == "device")
             assert held <= engine.cells
         assert len(cache.entries()) < len(prompts)
-        assert not cache.has_room_for(600, 4)
+        assert cache.admission_need(600, 4) > cache.admission_room()
         cache.check_integrity()
     finally:
         engine.close()
