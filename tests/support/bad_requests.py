@@ -19,12 +19,15 @@ import json
 import random
 from dataclasses import dataclass
 
-APIS = ("chat", "responses", "messages", "count_tokens", "ws")
+# the Ollama routes last: a corpus's earlier cases stay the same for a seed when an API is added
+APIS = ("chat", "responses", "messages", "count_tokens", "ws", "ollama_chat", "ollama_generate")
 PATHS = {
     "chat": "/v1/chat/completions",
     "responses": "/v1/responses",
     "messages": "/v1/messages",
     "count_tokens": "/v1/messages/count_tokens",
+    "ollama_chat": "/api/chat",
+    "ollama_generate": "/api/generate",
 }
 
 # replaced after serialization: json.dumps itself recurses, so deep nesting is spliced into the text
@@ -65,6 +68,8 @@ def valid_request(api: str, model: str, rng: random.Random) -> dict:
             body["previous_response_id"] = "resp_" + "0" * 24
         if api == "ws":
             body = {"type": "response.create", **body}
+    elif api.startswith("ollama"):
+        body = _ollama_request(api, model, tool, rng)
     else:
         body = {"model": model, "system": [{"type": "text", "text": "Be brief."}],
                 "messages": [{"role": "user", "content": "hi"},
@@ -220,6 +225,19 @@ def generated(api: str, model: str, rng: random.Random) -> BadRequest:
 # ------------------------------------------------------------------------------------------- by hand
 
 
+def _ollama_request(api: str, model: str, tool: dict, rng: random.Random) -> dict:
+    """Ollama's shape: sampling under `options`, streaming unless `stream` is false (so mostly false here)."""
+    body = {"model": model, "options": {"num_predict": 2, "temperature": 0, "seed": 7, "top_k": 40, "stop": ["\n\n"]},
+            "stream": rng.random() < 0.3, "keep_alive": "5m"}
+    if api == "ollama_generate":
+        return {**body, "prompt": "hi", "system": "Be brief."}
+    return {**body, "tools": [{"type": "function", "function": tool}],
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "",
+                          "tool_calls": [{"function": {"name": "sh", "arguments": {"cmd": "ls"}}}]},
+                         {"role": "tool", "content": "a.txt", "tool_name": "sh"}]}
+
+
 def table(api: str, model: str) -> list[BadRequest]:
     """Cases picked by hand: each cause of a 5xx seen so far, and the shapes a broken client sends."""
     base = valid_request(api, model, random.Random(0))
@@ -254,6 +272,11 @@ def table(api: str, model: str) -> list[BadRequest]:
                 {**base, key: value}).encode()
     for seed in (2**64, 2**63, -(2**63) - 1, -1):  # sampling, not greedy: the seed reaches a torch.Generator
         raw[f"sampled_seed={seed}"] = json.dumps({**base, "temperature": 1, "seed": seed}).encode()
+    if api.startswith("ollama"):  # Ollama reads its sampling settings from `options`
+        for key in ("seed", "num_predict", "num_ctx", "top_k", "temperature", "top_p"):
+            for value in (2**64, 2**63, -(2**63) - 1, 10**40, -5, 1e300, "7", None):
+                raw[f"options.{key}={value!r:.12}"] = json.dumps(
+                    {**base, "options": {**base["options"], key: value}}).encode()
     cases = [BadRequest(api, label, body) for label, body in raw.items()]
     if api in ("responses", "ws"):
         for pid in ("resp_\ud800", "\udfff", "x" * 100_000, "", 5, ["resp_1"]):
@@ -266,11 +289,11 @@ def table(api: str, model: str) -> list[BadRequest]:
     return cases
 
 
-def corpus(model: str, *, per_api: int, seed: int) -> list[BadRequest]:
-    """`per_api` generated cases for each API, after its table: the same seed, the same corpus."""
+def corpus(model: str, *, per_api: int, seed: int, apis: tuple[str, ...] = APIS) -> list[BadRequest]:
+    """`per_api` generated cases for each of `apis`, after its table: the same seed, the same corpus."""
     rng = random.Random(seed)
     cases: list[BadRequest] = []
-    for api in APIS:
+    for api in apis:
         cases += table(api, model)
         cases += [generated(api, model, rng) for _ in range(per_api)]
     return cases
