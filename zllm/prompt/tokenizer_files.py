@@ -51,7 +51,7 @@ class TokenizerFiles:
         if not (path / "tokenizer.json").is_file():
             raise ConfigError(f"{path} has no tokenizer.json", hint="pull the model again: zllm pull ...")
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_model_json(path / "tokenizer_config.json")
         _add_declared_tokens(tokenizer, config)
         return cls(tokenizer, config, _chat_template(path, config))
 
@@ -154,7 +154,8 @@ def _content(token: str | dict) -> str:
     return token["content"] if isinstance(token, dict) else token
 
 
-def _read_json(path: Path) -> dict:
+def read_model_json(path: Path) -> dict:
+    """A model directory's JSON file ({} when it has none); an unreadable one is a ConfigError."""
     if not path.is_file():
         return {}
     try:
@@ -178,7 +179,7 @@ def _chat_template(path: Path, config: dict) -> str | None:
     """The template transformers would use: chat_template.jinja, else chat_template.json, else the config's."""
     if (path / "chat_template.jinja").is_file():
         return (path / "chat_template.jinja").read_text(encoding="utf-8")
-    template = _read_json(path / "chat_template.json").get("chat_template") or config.get("chat_template")
+    template = read_model_json(path / "chat_template.json").get("chat_template") or config.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         named = {entry["name"]: entry["template"] for entry in template}
         return named.get("default")

@@ -14,14 +14,13 @@ the context window (at least 8K tokens, at most 64K), so one full-window request
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine, read_quantization
 from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
 from zllm.errors import ConfigError
-from zllm.prompt.tokenizer_files import TokenizerFiles
+from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
 
 MiB = 1 << 20
 MIN_CELLS, MAX_CELLS = 8192, 65536
@@ -55,7 +54,7 @@ def _cells(window: int, cache_budget_mb: int, gguf: Path) -> int:
 
 def _generation_eos(path: Path):
     """The generation config's EOS id(s); None without a generation_config.json (the config's own apply)."""
-    return _read_json(path / "generation_config.json").get("eos_token_id")
+    return read_model_json(path / "generation_config.json").get("eos_token_id")
 
 
 class ModelConfig(SimpleNamespace):
@@ -67,17 +66,8 @@ class ModelConfig(SimpleNamespace):
     def from_dir(cls, path: Path) -> ModelConfig:
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} is not a model directory (no config.json)")
-        return cls(**_read_json(path / "config.json"))
+        return cls(**read_model_json(path / "config.json"))
 
     def get_text_config(self) -> ModelConfig:
         text = getattr(self, "text_config", None)
         return ModelConfig(**text) if isinstance(text, dict) else self
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
