@@ -3,7 +3,6 @@ answer as a cold run, and callers (API keys) that never share a cache."""
 
 from __future__ import annotations
 
-import time
 
 import openai
 import pytest
@@ -18,15 +17,6 @@ def start(tiny_data_dir, cache_dir) -> Daemon:
     env = {"ZLLM_CACHE_DIR": str(cache_dir), "ZLLM_SSD_MIN_TOKENS": "1"}
     return Daemon(tiny_data_dir, TINY, "--context-length", "1024", env=env).wait_ready()
 
-
-def logged(daemon: Daemon, text: str, timeout: float = 10.0) -> bool:
-    """The finish line is logged once the terminal state is kept, just after the response went out."""
-    deadline = time.monotonic() + timeout
-    while text not in daemon.log():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def sdk(daemon: Daemon, key: str) -> openai.OpenAI:
@@ -51,7 +41,7 @@ def test_conversation_survives_a_restart_from_the_ssd_tier(tiny_data_dir, tmp_pa
         messages += [{"role": "assistant", "content": answer1}, {"role": "user", "content": "Run it."}]
         answer2, _, cached2 = turn(alice, messages)
         assert cached2 > prompt1  # turn 1's prompt and most of its answer came from the device tier
-        assert logged(daemon, "cached (device)")
+        assert daemon.logged("cached (device)")
     finally:
         daemon.stop()  # SIGTERM: queued snapshot writes finish before exit
 
@@ -59,7 +49,7 @@ def test_conversation_survives_a_restart_from_the_ssd_tier(tiny_data_dir, tmp_pa
     daemon = start(tiny_data_dir, cache_dir)
     try:
         answer3, prompt3, cached3 = turn(sdk(daemon, "alice"), messages)
-        assert 0 < cached3 < prompt3 and logged(daemon, "cached (ssd)")
+        assert 0 < cached3 < prompt3 and daemon.logged("cached (ssd)")
         cold3, _, cold_cached = turn(sdk(daemon, "bob"), messages)  # another caller: its own, empty namespace
         assert cold_cached == 0 and cold3 == answer3
     finally:

@@ -6,7 +6,6 @@ then the streamed `compaction_trigger` form."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import openai
@@ -41,14 +40,6 @@ def turn(client: openai.OpenAI, items: list[dict]) -> tuple[list[dict], int, int
     return [*items, *answer], response.usage.input_tokens, response.usage.input_tokens_details.cached_tokens
 
 
-def logged(daemon: Daemon, text: str, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while text not in daemon.log():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
 
 @pytest.mark.timeout(300)
 def test_compacted_continued_restarted_and_continued_with_cache_hits(tiny_data_dir: Path, tmp_path: Path) -> None:
@@ -65,7 +56,7 @@ def test_compacted_continued_restarted_and_continued_with_cache_hits(tiny_data_d
         after, first_prompt, _ = turn(client, after)            # the first expansion: computed
         after, _, cached = turn(client, [*after, user("Run it.")])
         assert cached >= first_prompt  # the compacted prefix (and the whole first turn) came from the cache
-        assert logged(daemon, "cached (device)")
+        assert daemon.logged("cached (device)")
     finally:
         daemon.stop()  # SIGTERM: queued snapshot writes finish before exit
 
@@ -73,7 +64,7 @@ def test_compacted_continued_restarted_and_continued_with_cache_hits(tiny_data_d
     try:
         client = sdk(daemon)
         _, prompt, cached = turn(client, [*after, user("Commit it.")])
-        assert first_prompt <= cached < prompt and logged(daemon, "cached (ssd)")
+        assert first_prompt <= cached < prompt and daemon.logged("cached (ssd)")
         streamed_trigger_then_a_turn(client)
     finally:
         daemon.stop()

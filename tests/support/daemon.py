@@ -79,6 +79,16 @@ class Daemon:
     def log(self) -> str:
         return Path(self._log.name).read_text()
 
+    def logged(self, text: str, timeout: float = 10.0) -> bool:
+        """Whether `text` shows in the log within `timeout` (a finish line is logged once the terminal state is
+        kept, just after the response went out)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     @property
     def control_socket(self) -> Path:
         return self.scratch / "run" / "zllm.sock"
