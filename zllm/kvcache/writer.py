@@ -68,8 +68,8 @@ class SnapshotWriter:
                 self.failed += 1
                 log.exception("kv cache: writing snapshot %s failed", job.id)
             finally:
-                # drop the job before waiting for the next one: it holds the state's bytes (a 3K-token
-                # llama.cpp sequence is ~65 MB), resident for as long as the queue stays empty otherwise
+                # drop the job before waiting for the next one: it holds the state's bytes (a long llama.cpp
+                # sequence's are tens of MB), resident for as long as the queue stays empty otherwise
                 job = None
                 self._queue.task_done()
         self._queue.task_done()

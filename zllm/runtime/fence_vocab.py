@@ -154,9 +154,8 @@ class FenceVocab:
 
 
 # llguidance's token-mask "slices" (token subsets precomputed for common lexemes) cost resident memory in
-# proportion to the vocabulary: its four general ones 11 MB at 49K tokens, 35 MB at 152K. The one for JSON
-# string contents alone keeps the mask as fast (over a tool call's JSON, per token: 10 µs at 152K tokens vs 10
-# with all four and 150 with none; 6 vs 6 and 20 at 49K) at a quarter of the memory.
+# proportion to the vocabulary. The one for JSON string contents alone keeps the mask as fast over a tool
+# call's JSON as all four general ones, at a quarter of their memory (figures: README, "Where the time goes").
 MASK_SLICES = [r'[^"\\\x00-\x1F\x7F]+']
 # fragments whose tokens a tokenizer must give as llguidance does, mid-text: a SentencePiece tokenizer that
 # prepends "▁" to what it encodes does not (llguidance's JSON loader switches that off in its own copy)
