@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zllm.canonical import (
     ChatRequest,
@@ -86,6 +86,12 @@ class FakeRequestStream:
         if not self._aborted.is_set():
             self._aborted.set()
             self._engine.aborted.append(self.request_id)
+
+    async def prompt_usage(self) -> Usage:
+        """The split the script's Finished reports (a scripted stream is as consistent as the runtime's)."""
+        finished = next((e for e in self._script.events if isinstance(e, Finished)), None)
+        usage = finished.usage if finished is not None else Usage(prompt_tokens=self.prompt_tokens, completion_tokens=0)
+        return replace(usage, completion_tokens=0)
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         for event in self._script.events:

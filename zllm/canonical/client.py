@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from zllm.canonical.events import Event
+from zllm.canonical.finish import Usage
 from zllm.canonical.request import ChatRequest
 
 
@@ -27,6 +28,14 @@ class RequestStream(Protocol):
     prompt_tokens: int
 
     def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    async def prompt_usage(self) -> Usage:
+        """The prompt's split, known once the prefix cache has answered (before the prefill): how many of its
+        tokens were restored (`cached_tokens`), how many will be prefilled and kept (`cache_write_tokens`);
+        `completion_tokens` 0. `Finished.usage` reports the same split. A request that ends before it starts
+        (aborted while waiting, failed at admission) resolves with its Finished usage. Any number of awaits,
+        before, during or after iteration."""
+        ...
 
     def abort(self) -> None:
         """Stop generating (client went away). Safe to call at any time, any number of times."""

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
@@ -39,6 +39,8 @@ class EngineRequest:
     max_tokens: int  # already clamped to the room left in the context window
     # receives every event; called on the engine thread, so it must hand off (call_soon_threadsafe)
     sink: Callable[[Event], None]
+    # receives the prompt's cache split once, as soon as it is known (see report_prompt); engine thread, hands off
+    prompt_sink: Callable[[Usage], None] | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     # False only for benchmarks that must decode a fixed number of tokens (model EOS ignored)
@@ -65,12 +67,25 @@ class EngineRequest:
     speculation: SpeculationConfig | None = None
     aborted: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)  # queue wait counts in the TTFT
+    prompt_reported: bool = False  # engine thread: report_prompt already ran
 
     def __post_init__(self) -> None:
         assert self.prompt_ids and self.max_tokens >= 1, "the client validates prompt and budget"
 
     def abort(self) -> None:
         self.aborted.set()
+
+    def report_prompt(self, usage: Usage) -> None:
+        """Hand the prompt's split (cached / to be kept / completion 0) to `prompt_sink`, the first time only:
+        the loop reports it when the row begins (the cache has answered) and again, as a no-op, with Finished,
+        so a request that never began still gets one before its Finished."""
+        if self.prompt_reported or self.prompt_sink is None:
+            return
+        self.prompt_reported = True
+        try:
+            self.prompt_sink(replace(usage, completion_tokens=0))
+        except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
+            self.abort()
 
     def emit(self, event: Event) -> None:
         try:
@@ -109,11 +124,15 @@ class ActiveRequest:
     def cached_tokens(self) -> int:
         return self.lease.cached_tokens if self.lease is not None else 0
 
-    def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
+    def prompt_usage(self, completion_tokens: int = 0) -> Usage:
+        """The prompt's split, fixed once the row begins (the lease's restored length no longer changes):
+        what message_start reports and what Finished repeats."""
         prompt = len(self.request.prompt_ids)
         written = prompt - self.cached_tokens if self.keeps else 0
-        usage = Usage(prompt, self.output.completion_tokens, self.cached_tokens, cache_write_tokens=written)
-        return Finished(reason, usage, stop_sequence=stop_sequence)
+        return Usage(prompt, completion_tokens, self.cached_tokens, cache_write_tokens=written)
+
+    def finished(self, reason: FinishReason, stop_sequence: str | None = None) -> Finished:
+        return Finished(reason, self.prompt_usage(self.output.completion_tokens), stop_sequence=stop_sequence)
 
     def terminal_sequence(self, held: int) -> tuple[int, ...]:
         """The tokens whose KV the cache holds (`held` of them): prompt + generated, cut to the cache length

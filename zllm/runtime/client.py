@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from zllm.canonical import ChatRequest, Event, Finished, ModelCard
+from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
@@ -70,9 +70,11 @@ class LocalRequestStream:
     """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
 
     def __init__(self, request_id: str, prompt_tokens: int, engine_request: EngineRequest,
-                 events: asyncio.Queue[Event], fingerprint: RequestFingerprint | None = None):
+                 events: asyncio.Queue[Event], prompt_split: asyncio.Future[Usage],
+                 fingerprint: RequestFingerprint | None = None):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
+        self._prompt_split = prompt_split  # set from the engine thread (EngineRequest.report_prompt)
         # the prompt's digests and token ids, for cache diagnostics (zllm/store/fingerprints.py)
         self.fingerprint = fingerprint
         self._engine_request = engine_request
@@ -82,6 +84,9 @@ class LocalRequestStream:
 
     def abort(self) -> None:
         self._engine_request.abort()
+
+    async def prompt_usage(self) -> Usage:
+        return await asyncio.shield(self._prompt_split)  # a cancelled waiter must not cancel the answer
 
     async def __aiter__(self):
         if self._iterated:
@@ -219,12 +224,15 @@ class LocalEngineClient:
         self._check_queue()  # again: others may have queued while this prompt was rendering
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
+        prompt_split: asyncio.Future[Usage] = loop.create_future()
         engine_request = EngineRequest(
             request_id=request.id,
             prompt_ids=prompt.token_ids,
             sampling=_sampling_config(request),
             max_tokens=min(request.sampling.max_tokens or room, room),
             sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+            # queued before Finished on the same loop: the split is always known before the stream ends
+            prompt_sink=lambda usage: loop.call_soon_threadsafe(prompt_split.set_result, usage),
             stop_strings=request.sampling.stop,
             stop_token_ids=frozenset(request.sampling.stop_token_ids),
             namespace=request.namespace,
@@ -242,7 +250,7 @@ class LocalEngineClient:
             dialect=self.dialect.name,
             fence_label=fence_label(request) if fence is not None else "off",
         )
-        stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events,
+        stream = LocalRequestStream(request.id, prompt_tokens, engine_request, events, prompt_split,
                                     fingerprint=fingerprint)
         self.engine.submit(engine_request)
         return stream

@@ -233,6 +233,7 @@ class EngineLoop:
         active.looked_up_at = time.perf_counter()
         active.speculative = self._speculative_step(active)
         self._rows.append(active)
+        request.report_prompt(active.prompt_usage())  # the cache has answered: the split is known
 
     def _fail_start(self, request: EngineRequest, lease, exc: Exception) -> None:
         if lease is not None:
@@ -353,6 +354,7 @@ class EngineLoop:
 
     def _finish(self, request: EngineRequest, finished: Finished, active: ActiveRequest | None = None) -> None:
         """A request's one Finished (`active`: the row it ran as, None if it never started)."""
+        request.report_prompt(finished.usage)  # a no-op unless the request never began
         request.emit(finished)
         if active is not None:
             self._retire(active, finished)  # after the emit: keeping KV must not delay the client's last event

@@ -2,8 +2,8 @@
 
     event: message_start
     data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m",
-           "content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,
-           "cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}
+           "content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":6,
+           "cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":0}}}
     event: ping                 data: {"type":"ping"}
     event: content_block_start  data: {…,"index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}
     event: content_block_delta  data: {…,"index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}
@@ -12,8 +12,7 @@
     … index 1: {"type":"text","text":""} → text_delta …
     … index 2: {"type":"tool_use","id":"toolu_…","name":"sh","input":{}} → input_json_delta …
     event: message_delta  data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},
-                                 "usage":{"input_tokens":6,"cache_creation_input_tokens":0,
-                                          "cache_read_input_tokens":4,"output_tokens":12}}
+                                 "usage":{"output_tokens":12}}
     event: message_stop   data: {"type":"message_stop"}
 
 Blocks open lazily in event order, one at a time, with increasing indexes: a block closes when a block of
@@ -23,9 +22,13 @@ Usage follows Anthropic: input_tokens + cache_creation_input_tokens + cache_read
 prompt, the number count_tokens returns. `cache_read_input_tokens` is what the prefix cache restored,
 `cache_creation_input_tokens` what was prefilled and handed to it to keep (the rest of the prompt whenever
 the cache keeps conversations, at no extra cost), `input_tokens` what was prefilled and not kept (all of it
-with the cache off). message_start cannot know the cache split yet (it is sent before prefill), so it
-reports the whole prompt as input; message_delta carries the final split (usage there is cumulative and
-overrides, in the SDK and in Claude Code).
+with the cache off). The split is known once the prefix cache has answered, before the prefill: the stream
+starts with a `PromptSplit` (prompt_split.py) and message_start, sent then, carries it. message_delta carries
+`output_tokens` only: clients merge its usage into message_start's field by field — Claude Code takes a
+delta's field when it is above 0, the SDK's stream helper when it is present, others add them up — and an
+absent field leaves the start's split in place under every one of those merges (a repeated or a re-split
+one would count the prompt twice under some). A stream that ends before its split arrived (no PromptSplit)
+starts from the Finished usage.
 
 ABORT ends the stream without message_stop. ERROR is `event: error` with
 `{"type":"error","error":{"type":"api_error"|"overloaded_error"|…,"message":…}}`.
@@ -36,10 +39,11 @@ reason is the canonical finish reason mapped (the core decides "ended for tools"
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from zllm import ids
 from zllm.api.anthropic_messages import wire
+from zllm.api.anthropic_messages.prompt_split import PromptSplit
 from zllm.api.anthropic_messages.signature import sign_thinking
 from zllm.api.call_ids import ANTHROPIC, shown_call_id
 from zllm.api.errors import ApiError, anthropic_error_body, finished_error
@@ -72,6 +76,11 @@ def usage_body(usage: Usage) -> dict:
     }
 
 
+def delta_usage_body(usage: Usage) -> dict:
+    """message_delta's usage: what changed since message_start, the output (see the module docstring)."""
+    return {"output_tokens": usage.completion_tokens}
+
+
 def new_message_id() -> str:
     return ids.new_id("msg")
 
@@ -90,24 +99,38 @@ class MessagesStreamEncoder:
 
     def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None):
         """`extra`: more fields of the message object, as `message_start` (and so the non-streaming answer)
-        carries them: `{"diagnostics": …}` (api/cache_diagnostics.py)."""
+        carries them: `{"diagnostics": …}` (api/cache_diagnostics.py). `prompt_tokens`: the whole prompt,
+        reported as input only by a stream whose first event is not its PromptSplit."""
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.extra = extra or {}
         self._open: _OpenBlock | None = None
         self._next_index = 0
+        self._started = False
 
     def start(self) -> list[SseMessage]:
+        return []  # message_start waits for the prompt's split (the PromptSplit event)
+
+    def _message_start(self, prompt: Usage) -> list[SseMessage]:
+        self._started = True
         message = {
             "id": self.message_id, "type": wire.MESSAGE, "role": wire.ASSISTANT, "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_body(Usage(prompt_tokens=self.prompt_tokens, completion_tokens=0)),
+            "usage": usage_body(replace(prompt, completion_tokens=0)),
             **self.extra,
         }
         return [frame({"type": "message_start", "message": message}), frame({"type": "ping"})]
 
-    def feed(self, event: Event) -> list[SseMessage]:
+    def feed(self, event: Event | PromptSplit) -> list[SseMessage]:
+        if isinstance(event, PromptSplit):
+            return [] if self._started else self._message_start(event.usage)
+        if not self._started:
+            usage = event.usage if isinstance(event, Finished) else Usage(self.prompt_tokens, 0)
+            return [*self._message_start(usage), *self._feed(event)]
+        return self._feed(event)
+
+    def _feed(self, event: Event) -> list[SseMessage]:
         match event:
             case TextDelta(text=text):
                 return self._delta(wire.TEXT, {"type": "text_delta", "text": text}, text)
@@ -204,6 +227,6 @@ class MessagesStreamEncoder:
                  "stop_sequence": finished.stop_sequence if finished.reason is FinishReason.STOP_SEQUENCE else None}
         return [
             *self._close(),
-            frame({"type": "message_delta", "delta": delta, "usage": usage_body(finished.usage)}),
+            frame({"type": "message_delta", "delta": delta, "usage": delta_usage_body(finished.usage)}),
             frame({"type": "message_stop"}),
         ]

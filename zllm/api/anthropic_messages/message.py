@@ -54,7 +54,8 @@ class MessageFold:
                 self._finish_block(data["index"])
             case "message_delta":
                 self._message.update(data["delta"])
-                self._message["usage"] = data["usage"]
+                # field by field, as the SDK's stream helper merges: the delta adds the output to the start's split
+                self._message["usage"].update({k: v for k, v in data["usage"].items() if v is not None})
 
     def _apply_delta(self, index: int, delta: dict) -> None:
         block = self._message["content"][index]

@@ -21,6 +21,7 @@ from zllm.api.anthropic_messages.decode import (
 )
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
 from zllm.api.anthropic_messages.message import MessageBuilder
+from zllm.api.anthropic_messages.prompt_split import split_first
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
@@ -49,10 +50,11 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         extra["diagnostics"] = anthropic_diagnostics(diagnosis)
     encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
                                     prompt_tokens=stream.prompt_tokens, extra=extra)
+    split = split_first(stream)  # message_start waits for the prompt's cache split (encode.py)
     if call.stream:
-        return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
+        return await stream_sse(request, split, encoder, heartbeat_s=heartbeat_of(request))
     builder = MessageBuilder(encoder)
-    await run_to_finish(stream, builder.feed)
+    await run_to_finish(split, builder.feed)
     return web.json_response(builder.result())
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
+from tests.support.usage_merges import MERGES, fold, prompt_counted
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder
+from zllm.api.anthropic_messages.prompt_split import PromptSplit
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.anthropic_messages.signature import sign_thinking
 from zllm.api.errors import ReportedError
@@ -55,19 +59,25 @@ def end(stop_reason: str, usage: str, stop_sequence: str = "null") -> str:
             + sse("message_stop", '{"type":"message_stop"}'))
 
 
-def usage(input_tokens: int, output_tokens: int, cache_read: int = 0) -> str:
-    return (f'{{"input_tokens":{input_tokens},"cache_creation_input_tokens":0,'
-            f'"cache_read_input_tokens":{cache_read},"output_tokens":{output_tokens}}}')
+def out(output_tokens: int) -> str:
+    """message_delta's usage: the output only (the input split stays message_start's)."""
+    return f'{{"output_tokens":{output_tokens}}}'
 
 
 def encoder() -> MessagesStreamEncoder:
     return MessagesStreamEncoder(message_id="msg_1", model="m", prompt_tokens=10)
 
 
-def stream_text(events) -> str:
+def split_of(events) -> list:
+    """What api/anthropic_messages/prompt_split.py puts first: the split the Finished repeats."""
+    finished = next(e for e in events if isinstance(e, Finished))
+    return [PromptSplit(replace(finished.usage, completion_tokens=0)), *events]
+
+
+def stream_text(events, *, split: bool = True) -> str:
     enc = encoder()
     frames = enc.start()
-    for event in events:
+    for event in split_of(events) if split else events:
         frames += enc.feed(event)
     return b"".join(encode_frame(f) for f in frames).decode()
 
@@ -76,8 +86,8 @@ def test_text_answer_golden():
     assert stream_text(text_events("Hel", "", "lo", cached_tokens=4)) == (
         'event: message_start\n'
         'data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m",'
-        '"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,'
-        '"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}\n'
+        '"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":6,'
+        '"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":0}}}\n'
         '\n'
         'event: ping\n'
         'data: {"type":"ping"}\n'
@@ -96,7 +106,7 @@ def test_text_answer_golden():
         '\n'
         'event: message_delta\n'
         'data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},'
-        '"usage":{"input_tokens":6,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":3}}\n'
+        '"usage":{"output_tokens":3}}\n'
         '\n'
         'event: message_stop\n'
         'data: {"type":"message_stop"}\n'
@@ -120,7 +130,7 @@ def test_thinking_then_text_golden():
         + block_start(1, '{"type":"text","text":""}')
         + delta(1, '{"type":"text_delta","text":"Hi"}')
         + block_stop(1)
-        + end("end_turn", usage(10, 3))
+        + end("end_turn", out(3))
     )
 
 
@@ -134,7 +144,7 @@ def test_tool_use_golden():
         + delta(1, '{"type":"input_json_delta","partial_json":"{\\"cmd\\":"}')
         + delta(1, '{"type":"input_json_delta","partial_json":"\\"ls\\"}"}')
         + block_stop(1)
-        + end("tool_use", usage(10, 4))
+        + end("tool_use", out(4))
     )
 
 
@@ -149,14 +159,14 @@ def test_tool_use_ids_are_the_core_ids_and_late_arguments_are_streamed_at_the_en
         + block_start(1, '{"type":"tool_use","id":"toolu_2","name":"a","input":{}}')
         + delta(1, '{"type":"input_json_delta","partial_json":"{}"}')
         + block_stop(1)
-        + end("tool_use", usage(10, 9))
+        + end("tool_use", out(9))
     )
 
 
 def test_max_tokens_golden():
     assert stream_text(text_events("a", reason=FinishReason.LENGTH)) == START + (
         block_start(0, '{"type":"text","text":""}') + delta(0, '{"type":"text_delta","text":"a"}') + block_stop(0)
-        + end("max_tokens", usage(10, 1))
+        + end("max_tokens", out(1))
     )
 
 
@@ -164,7 +174,7 @@ def test_stop_sequence_golden():
     events = text_events("a", reason=FinishReason.STOP_SEQUENCE, stop_sequence="END")
     assert stream_text(events) == START + (
         block_start(0, '{"type":"text","text":""}') + delta(0, '{"type":"text_delta","text":"a"}') + block_stop(0)
-        + end("stop_sequence", usage(10, 1), stop_sequence='"END"')
+        + end("stop_sequence", out(1), stop_sequence='"END"')
     )
 
 
@@ -194,9 +204,9 @@ def test_every_frame_names_its_event():
 # non-streaming
 
 
-def build(events) -> dict:
+def build(events, *, split: bool = True) -> dict:
     builder = MessageBuilder(encoder())
-    for event in events:
+    for event in split_of(events) if split else events:
         builder.feed(event)
     return builder.result()
 
@@ -228,3 +238,56 @@ def test_message_errors_raise():
     assert (caught.value.code, caught.value.message) == ("engine_error", "CUDA out of memory")
     with pytest.raises(Overloaded):
         build([Finished(FinishReason.ABORT, Usage(10, 0))])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# usage: the prompt counted once however a client merges message_start and message_delta
+
+
+SPLITS = {  # Usage(prompt, output, cached, cache_write): what the runtime reports
+    "cold, kept": Usage(10, 3, 0, cache_write_tokens=10),
+    "device hit": Usage(10, 3, 9, cache_write_tokens=1),
+    "cache off": Usage(10, 3, 0, cache_write_tokens=0),
+    "partly read, rest kept": Usage(10, 3, 4, cache_write_tokens=6),
+}
+
+
+@pytest.mark.parametrize("merge", sorted(MERGES))
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_every_merge_counts_the_prompt_once_and_keeps_the_split(merge: str, split: str):
+    usage = SPLITS[split]
+    frames = [frame.data for frame in frames_of([TextDelta("hi"), Finished(FinishReason.STOP, usage)])]
+    folded = fold(MERGES[merge], frames)
+    assert prompt_counted(folded) == usage.prompt_tokens
+    assert (folded["cache_read_input_tokens"], folded["cache_creation_input_tokens"]) == (
+        usage.cached_tokens, usage.cache_write_tokens)
+    assert folded["output_tokens"] == usage.completion_tokens
+
+
+def test_message_start_waits_for_the_split_and_a_stream_without_one_starts_at_its_end():
+    enc = encoder()
+    assert enc.start() == []  # nothing until the cache has answered
+    [start, ping] = enc.feed(PromptSplit(Usage(10, 0, 7, cache_write_tokens=3)))
+    assert start.data["message"]["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 3,
+                                              "cache_read_input_tokens": 7, "output_tokens": 0}
+    assert ping.event == "ping" and enc.feed(PromptSplit(Usage(10, 0))) == []  # one message_start only
+    # no split at all (a stream that ended before the engine answered): message_start from the Finished usage
+    frames = [f.data for f in frames_of([Finished(FinishReason.STOP, Usage(10, 2, 6, cache_write_tokens=4))],
+                                        split=False)]
+    assert [f["type"] for f in frames] == ["message_start", "ping", "message_delta", "message_stop"]
+    assert all(prompt_counted(fold(merge, frames)) == 10 for merge in MERGES.values())
+
+
+def test_the_message_object_has_the_split_of_message_start():
+    usage = Usage(10, 3, 4, cache_write_tokens=6)
+    message = build([TextDelta("hi"), Finished(FinishReason.STOP, usage)])
+    assert message["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 4,
+                                "output_tokens": 3}
+
+
+def frames_of(events, *, split: bool = True) -> list:
+    enc = encoder()
+    frames = enc.start()
+    for event in split_of(events) if split else events:
+        frames += enc.feed(event)
+    return frames
