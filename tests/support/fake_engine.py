@@ -9,7 +9,8 @@
     engine.submitted[-1]          # the ChatRequest the edge produced
     engine.aborted                # request ids whose stream was aborted
 
-Scripts are used in order, one per submit(); with none queued the default is `text_events("Hello", " world")`.
+Scripts are used in order, one per submit(); with none queued the default is `text_events("Hello", " world")`
+over the counted prompt. `prompt_usage()` is the script's Finished usage (output 0).
 Every stream ends with exactly one `Finished` (an aborted one with ABORT), like the real runtime.
 The lists are appended from the server's event loop and may be read from another thread.
 """
@@ -145,7 +146,8 @@ class FakeEngineClient:
         prompt_tokens = self._count(request)
         if prompt_tokens > card.context_length:
             raise ContextLengthExceeded(prompt_tokens, card.context_length)
-        script = self._scripts.popleft() if self._scripts else _Script(text_events("Hello", " world"), 0.0)
+        script = (self._scripts.popleft() if self._scripts
+                  else _Script(text_events("Hello", " world", prompt_tokens=prompt_tokens), 0.0))
         stream = FakeRequestStream(request, script, prompt_tokens, self)
         self.streams.append(stream)
         return stream

@@ -40,7 +40,7 @@ from zllm.cli.table import write_fields
 from zllm.cli.units import human_duration
 from zllm.config import Settings
 from zllm.control.pidfile import PidState, probe, wait_until_released
-from zllm.control.protocol import DaemonStatus, DaemonUnreachable
+from zllm.control.protocol import DaemonStatus, DaemonUnreachable, PrefillProgress
 from zllm.errors import ZllmError
 
 
@@ -209,11 +209,20 @@ def _print_status(current: DaemonStatus) -> None:
         ("model", current.model),
         ("api", current.http_url),
         ("uptime", human_duration(current.uptime_s)),
-        ("queue", f"{current.requests_running} running, {current.queue_waiting} waiting (max {current.max_queue})"),
+        ("queue", f"{current.requests_running} running, {current.requests_prefilling} prefilling, "
+                  f"{current.queue_waiting} waiting (max {current.max_queue})"),
+        *(("prefill", prefill_line(PrefillProgress.from_json(p))) for p in current.prefilling),
         ("socket", current.socket),
         ("data", current.data_dir),
         ("log", current.log_file),
     ])
+
+
+def prefill_line(p: PrefillProgress) -> str:
+    """`msg_… 4,352/18,749 prompt tokens (23%), 0 from the cache`."""
+    share = f" ({100 * p.prefilled_tokens // p.prompt_tokens}%)" if p.prompt_tokens else ""
+    return (f"{p.request_id} {p.prefilled_tokens:,}/{p.prompt_tokens:,} prompt tokens{share}, "
+            f"{p.cached_tokens:,} from the cache")
 
 
 def logs(

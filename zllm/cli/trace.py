@@ -3,8 +3,12 @@
     $ zllm trace --last 2 --json                    # one RequestReport JSON per line (runtime/report.py)
     {"phase": "finished", "request_id": "chatcmpl-…", "api": "chat", "prompt_tokens": 1204, ...}
     $ zllm trace | cat                              # the last 10, then live; one line per report
-    12:01:03 finished chatcmpl-5f1c chat tiny-qwen ns 3f2a91c0 prompt 1,204 cached 1,100 (device) restore 0.01s
+    12:01:03 done chatcmpl-5f1c chat tiny-qwen ns 3f2a91c0 prompt 1,204 cached 1,100 (device) restore 0.01s
              ttft 0.12s 25.3 tok/s out 12 stop · dialect hermes_json · tools: read_file
+    12:02:10 prefill 23% msg_7c0e messages tiny-qwen ns 3f2a91c0 prompt 4,352/18,749 cached 0 (cold) ...
+
+A long prefill is reported as it begins and then about once a second ("prefilling" reports: `prefilled_tokens`
+of `prompt_tokens` in the cache); following starts with the requests under way.
 
 `--last N` alone prints the last N finished requests and exits; with no --last it follows (until Ctrl-C).
 """
@@ -71,14 +75,17 @@ def _print_line(report: dict) -> None:
 
 def row(r: dict) -> tuple[str, ...]:
     cached = f"{r.get('cached_tokens', 0):,} ({r.get('cache_tier', '?')})"
+    prefilling = r.get("phase") == "prefilling"
     return (
         time.strftime("%H:%M:%S", time.localtime(r.get("at", 0))),
-        "running" if r.get("phase") == "started" else "done",
+        state(r),
         str(r.get("request_id", "")),
         str(r.get("api", "")),
         str(r.get("model", "")),
         str(r.get("namespace", ""))[:8] or "-",
-        f"{r.get('prompt_tokens', 0):,}",
+        # a prefilling request: how much of its prompt is in the cache so far
+        f"{r.get('prefilled_tokens', 0):,}/{r.get('prompt_tokens', 0):,}" if prefilling
+        else f"{r.get('prompt_tokens', 0):,}",
         cached,
         _seconds(r.get("restore_s")),
         _seconds(r.get("ttft_s")),
@@ -87,6 +94,18 @@ def row(r: dict) -> tuple[str, ...]:
         str(r.get("finish_reason") or "-"),
         notes(r),
     )
+
+
+def state(r: dict) -> str:
+    """"prefill 23%" (the share of the prompt in the cache), "running" (generating) or "done"."""
+    phase = r.get("phase")
+    if phase == "prefilling":
+        return f"prefill {progress(r.get('prefilled_tokens', 0), r.get('prompt_tokens', 0))}"
+    return "running" if phase == "started" else "done"
+
+
+def progress(done: int, total: int) -> str:
+    return f"{100 * done // total}%" if total > 0 else "-"
 
 
 def notes(r: dict) -> str:

@@ -4,7 +4,7 @@
     server = ControlServer(path, version=..., methods=control.methods(), streams=control.streams())
     control.attach(engine, model_info)    # once the model is loaded: phase "loading" → "ready"
 
-    status            → DaemonStatus
+    status            → DaemonStatus (with each prefilling request's progress: PrefillProgress)
     ps                → {"models": [LoadedModelInfo]}        (empty while loading)
     cache.*           → cache_methods.py
     cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
@@ -12,7 +12,8 @@
     store.prune       {"older_than_s": 86400 | null, "max_bytes": 0 | null} → {"removed": N, ...store.stats}
     cache.diagnosis   {"response_id": "msg_…" | "resp_…"} → {"response_id", "namespace", "diagnosis"}: the cache
                       diagnosis that response carried (api/cache_diagnostics.py); not_found when none was made
-    trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items
+    trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items (following: then the newest report
+                      of each unfinished request, then every report as it comes)
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
     shutdown          → {"stopping": true}                    (the reply goes out before the daemon stops)
 
@@ -31,7 +32,15 @@ from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
-from zllm.control.protocol import BAD_REQUEST, NOT_FOUND, NOT_READY, ControlError, DaemonStatus, LoadedModelInfo
+from zllm.control.protocol import (
+    BAD_REQUEST,
+    NOT_FOUND,
+    NOT_READY,
+    ControlError,
+    DaemonStatus,
+    LoadedModelInfo,
+    PrefillProgress,
+)
 from zllm.control.served import ServedCache, ServedEngine
 from zllm.errors import InvalidRequest
 
@@ -96,11 +105,13 @@ class ControlMethods:
     async def status(self, params: dict) -> dict:
         f = self.facts
         engine = self._engine
+        prefilling = [PrefillProgress.from_json(report.to_json()) for report in self._trace.prefilling()]
         return DaemonStatus(
             version=f.version, pid=f.pid, phase=self.phase, started_at=f.started_at,
             uptime_s=time.time() - f.started_at, model=f.model, http_url=f.http_url, host=f.host, port=f.port,
             queue_waiting=engine.queue_waiting if engine is not None else 0, requests_running=self._trace.running,
             max_queue=f.max_queue, socket=f.socket, data_dir=f.data_dir, log_file=f.log_file,
+            requests_prefilling=len(prefilling), prefilling=[p.to_json() for p in prefilling],
         ).to_json()
 
     async def ps(self, params: dict) -> dict:
@@ -202,6 +213,9 @@ class ControlMethods:
         with self._trace.subscribe() as feed:  # before reading the ring: nothing falls between the two
             for report in self._trace.recent(last):
                 yield report.to_json()
+            if follow:  # then what is under way now (prefilling, generating), as its newest report says
+                for report in self._trace.live():
+                    yield report.to_json()
             while follow:
                 yield (await feed.get()).to_json()
 

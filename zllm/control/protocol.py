@@ -109,11 +109,28 @@ class DaemonStatus(_Wire):
     host: str = ""  # the address the HTTP APIs are bound to (127.0.0.1, or 0.0.0.0 with an API key)
     port: int = 0
     queue_waiting: int = 0  # requests waiting for the engine
-    requests_running: int = 0  # requests the engine has started and not finished
+    requests_running: int = 0  # requests prefilled (generating) and not finished
     max_queue: int = 0
     socket: str = ""
     data_dir: str = ""
     log_file: str = ""
+    # requests whose prompt is being prefilled (a prefill longer than one chunk, as its progress report shows it)
+    requests_prefilling: int = 0
+    # one per prefilling request, oldest first: PrefillProgress.to_json()
+    prefilling: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PrefillProgress(_Wire):
+    """A prefilling request in `zllm status`: `prefilled_tokens` of `prompt_tokens` are in its cache (the
+    `cached_tokens` restored from the prefix cache included), `at` when that was reported."""
+
+    request_id: str
+    api: str = ""
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0
+    cached_tokens: int = 0
+    at: float = 0.0
 
 
 @dataclass(frozen=True)

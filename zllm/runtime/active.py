@@ -117,6 +117,7 @@ class ActiveRequest:
     prefilled_at: float | None = None
     first_output_at: float | None = None
     prefill_forward_s: float = 0.0  # time in the forwards that carried this row's prefill chunks
+    progress_reported_at: float | None = None  # the last "prefilling" report (None: none yet)
     fence_events: list[str] = field(default_factory=list)  # notable fence / loop-guard events, for traces
     speculative: SpeculativeStep | None = None  # the request's drafter and verifier when it speculates
 
@@ -168,8 +169,9 @@ def log_finished(request: EngineRequest, finished: Finished, active: ActiveReque
 
 
 def request_report(phase: str, request: EngineRequest, active: ActiveRequest | None,
-                   finished: Finished | None = None) -> RequestReport:
-    """Plain-data view of a request for observers (see report.py)."""
+                   finished: Finished | None = None, *, prefilled_tokens: int | None = None) -> RequestReport:
+    """Plain-data view of a request for observers (see report.py). `prefilled_tokens`: the prompt tokens its
+    cache holds (None: the whole prompt once the prefill ended, else what was restored)."""
     lease = active.lease if active is not None else None
     usage = finished.usage if finished is not None else None
     timing: dict = {}
@@ -188,6 +190,7 @@ def request_report(phase: str, request: EngineRequest, active: ActiveRequest | N
         phase=phase, request_id=request.request_id, api=request.api, model=request.model,
         namespace=request.namespace, prompt_tokens=len(request.prompt_ids),
         cached_tokens=active.cached_tokens if active is not None else 0,
+        prefilled_tokens=prefilled_tokens if prefilled_tokens is not None else _prefilled(request, active),
         cache_tier=lease.tier if lease is not None else "off",
         completion_tokens=usage.completion_tokens if usage is not None else 0,
         finish_reason=finished.reason.value if finished is not None else None,
@@ -199,6 +202,12 @@ def request_report(phase: str, request: EngineRequest, active: ActiveRequest | N
         fence_events=tuple(active.fence_events) if active is not None else (),
         tool_calls=tuple(active.output.call_names.values()) if active is not None else (),
         **_speculation_counts(active), **timing)
+
+
+def _prefilled(request: EngineRequest, active: ActiveRequest | None) -> int:
+    if active is None:
+        return 0
+    return len(request.prompt_ids) if active.prefilled_at is not None else active.cached_tokens
 
 
 def _speculation_counts(active: ActiveRequest | None) -> dict[str, int]:

@@ -59,6 +59,9 @@ __all__ = ["ActiveRequest", "EngineLoop", "EngineRequest"]
 
 log = logging.getLogger("zllm.runtime")
 
+# a prefill longer than this reports its progress to observers about this often (zllm status / trace)
+PROGRESS_REPORT_S = 1.0
+
 _SHUTDOWN = object()
 _WAKE = object()  # a restore finished: look at the restores again
 
@@ -234,6 +237,8 @@ class EngineLoop:
         active.speculative = self._speculative_step(active)
         self._rows.append(active)
         request.report_prompt(active.prompt_usage())  # the cache has answered: the split is known
+        if self._prompt_left(active) > self.scheduler.prefill_chunk:  # a prefill of several steps: show it
+            self._report_progress(active)
 
     def _fail_start(self, request: EngineRequest, lease, exc: Exception) -> None:
         if lease is not None:
@@ -337,6 +342,8 @@ class EngineLoop:
 
     def _prefilled(self, active: ActiveRequest, logits: Logits) -> None:
         if self._prompt_left(active) > 0:
+            if time.perf_counter() - (active.progress_reported_at or active.admitted_at) >= PROGRESS_REPORT_S:
+                self._report_progress(active)
             return
         active.logits = logits
         active.prefilled_at = time.perf_counter()
@@ -344,6 +351,13 @@ class EngineLoop:
             self.prefix_cache.observe_prefill(len(active.request.prompt_ids) - active.cached_tokens,
                                               active.prefill_forward_s)
         self._observe(request_report("started", active.request, active))
+
+    def _report_progress(self, active: ActiveRequest) -> None:
+        """A "prefilling" report (`zllm status`, `zllm trace`): how much of the prompt the row's cache holds."""
+        active.progress_reported_at = time.perf_counter()
+        if self._observer is not None:
+            self._observe(request_report("prefilling", active.request, active,
+                                         prefilled_tokens=self.engine.length(active.cache)))
 
     # ------------------------------------------------------------------ engine thread: endings
 

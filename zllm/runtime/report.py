@@ -1,6 +1,7 @@
 """What the runtime tells observers about each request (`zllm trace`, the daemon log).
 
     loop = EngineLoop(..., observer=hub.publish)     # called on the engine thread: must only hand off
+    observer(RequestReport(phase="prefilling", ...))  # a long prefill: as it begins, then about once a second
     observer(RequestReport(phase="started", ...))     # after the prompt is prefilled (TTFT known soon after)
     observer(RequestReport(phase="finished", ...))    # after the Finished event went to the client
 
@@ -15,7 +16,7 @@ from typing import Literal
 
 from zllm.cache_views import Tier
 
-Phase = Literal["started", "finished"]
+Phase = Literal["prefilling", "started", "finished"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class RequestReport:
     namespace: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # prompt tokens in the request's cache so far, the restored ones included: prefilled_tokens / prompt_tokens
+    # is a prefill's progress (the whole prompt once started)
+    prefilled_tokens: int = 0
     cache_tier: str = Tier.COLD  # a Tier's word ("device", "ssd-hint", ...), or "off" (no prefix cache)
     restore_s: float | None = None  # admission (lookup + restore) time
     prefill_s: float | None = None  # restore included: the request's time to its first logits

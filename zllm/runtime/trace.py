@@ -3,7 +3,8 @@
     hub = TraceHub(loop)                            # on the event loop that serves the control socket
     LocalEngineClient(..., observer=hub.publish)    # publish() runs on the engine thread: it only hands off
     hub.recent(5)                                   # the last 5 finished RequestReports (loop thread)
-    with hub.subscribe() as feed:                   # every report from now on, "started" and "finished"
+    hub.prefilling(), hub.running                   # unfinished requests: prefilling (with progress), decoding
+    with hub.subscribe() as feed:                   # every report from now on: "prefilling", "started", "finished"
         report = await feed.get()
 
     logs = LogHub(loop); logging.getLogger().addHandler(logs)   # the same for formatted log lines
@@ -84,26 +85,35 @@ class BroadcastRing(Generic[T]):
 
 
 class TraceHub(BroadcastRing[RequestReport]):
-    """Keeps finished reports (one per request) in the ring; subscribers see both phases. Also counts the
-    requests that have started and not finished."""
+    """Keeps finished reports (one per request) in the ring; subscribers see every phase. Also keeps the newest
+    report of each request that has not finished: those prefilling (with their progress) and those started."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, capacity: int = 256):
         super().__init__(loop, capacity=capacity)
-        self._running: set[str] = set()
+        self._live: dict[str, RequestReport] = {}  # request id → its newest "prefilling" / "started" report
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Requests prefilled and not finished (decoding)."""
+        return sum(1 for report in self._live.values() if report.phase == "started")
+
+    def prefilling(self) -> list[RequestReport]:
+        """The newest progress report of each request still prefilling, oldest request first (loop thread)."""
+        return [report for report in self._live.values() if report.phase == "prefilling"]
+
+    def live(self) -> list[RequestReport]:
+        """The newest report of each unfinished request, oldest request first (loop thread)."""
+        return list(self._live.values())
 
     def find(self, request_id: str) -> RequestReport | None:
         """The newest finished report of `request_id` still in the ring (loop thread)."""
         return next((r for r in reversed(self._ring) if r.request_id == request_id), None)
 
     def _keep(self, item: RequestReport) -> bool:
-        if item.phase == "started":
-            self._running.add(item.request_id)
+        if item.phase != "finished":
+            self._live[item.request_id] = item  # replaces: a request keeps its place in arrival order
             return False
-        self._running.discard(item.request_id)
+        self._live.pop(item.request_id, None)
         return True
 
 

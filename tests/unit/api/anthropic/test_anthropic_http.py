@@ -64,8 +64,9 @@ def test_streaming_create_yields_every_event(claude, engine):
         "content_block_start", *["content_block_delta"] * 5, "content_block_stop",
         "message_delta", "message_stop",
     ]
-    # message_start: the admitted prompt size (the fake counts 5 for "hi"); message_delta: the final usage
-    assert (events[0].message.usage.input_tokens, events[-2].usage.input_tokens) == (5, 12)
+    # message_start: the prompt's split (the script's usage); message_delta: the output only, the split stays
+    assert (events[0].message.usage.input_tokens, events[-2].usage.input_tokens) == (12, None)
+    assert events[-2].usage.output_tokens > 0
     assert events[-2].delta.stop_reason == "tool_use"
 
 
