@@ -12,6 +12,7 @@ import pytest
 
 from tests.unit.control.test_control_methods import FakeCache, fake_engine
 from zllm import __version__
+from zllm.cli import trace as trace_cli
 from zllm.cli.app import main
 from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import LoadedModelInfo
@@ -73,6 +74,36 @@ def test_status_is_data_on_stdout(fake_daemon, capsys) -> None:
     code, out, _ = zllm(capsys, "status", "--json")
     data = json.loads(out)
     assert code == 0 and data["running"] is True and data["queue_waiting"] == 2 and data["max_queue"] == 8
+
+
+def test_status_shows_a_prefilling_request_and_its_progress(fake_daemon, capsys, loop_thread) -> None:
+    daemon = fake_daemon()
+    loop_thread.call(daemon.trace.publish, RequestReport(
+        phase="prefilling", request_id="msg_long", api="messages", prompt_tokens=18_749, prefilled_tokens=4_352,
+        cached_tokens=1_024))
+    code, out, _ = zllm(capsys, "status")
+    assert code == 0 and "queue    0 running, 1 prefilling, 2 waiting (max 8)" in out
+    assert "prefill  msg_long 4,352/18,749 prompt tokens (23%), 1,024 from the cache" in out
+    code, out, _ = zllm(capsys, "status", "--json")
+    data = json.loads(out)
+    assert (data["requests_running"], data["requests_prefilling"]) == (0, 1)
+    [progress] = data["prefilling"]
+    assert {k: progress[k] for k in ("request_id", "api", "prompt_tokens", "prefilled_tokens", "cached_tokens")} == {
+        "request_id": "msg_long", "api": "messages", "prompt_tokens": 18_749, "prefilled_tokens": 4_352,
+        "cached_tokens": 1_024}
+    loop_thread.call(daemon.trace.publish, RequestReport(phase="started", request_id="msg_long",
+                                                         prompt_tokens=18_749, prefilled_tokens=18_749))
+    code, out, _ = zllm(capsys, "status", "--json")
+    data = json.loads(out)
+    assert (data["requests_running"], data["requests_prefilling"], data["prefilling"]) == (1, 0, [])
+
+
+def test_a_trace_row_shows_a_prefill_s_progress() -> None:
+    report = RequestReport(phase="prefilling", request_id="msg_long", api="messages", prompt_tokens=18_749,
+                           prefilled_tokens=4_352).to_json()
+    cells = dict(zip(trace_cli.COLUMNS, trace_cli.row(report), strict=True))
+    assert (cells["STATE"], cells["PROMPT"]) == ("prefill 23%", "4,352/18,749")
+    assert trace_cli.state({**report, "phase": "started"}) == "running"
 
 
 def test_a_version_skew_is_reported_on_stderr(fake_daemon, capsys) -> None:

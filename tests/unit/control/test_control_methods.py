@@ -239,6 +239,25 @@ def test_trace_replays_recent_finished_requests_then_follows(daemon) -> None:
     live.close()
 
 
+def test_following_trace_starts_with_the_requests_under_way(daemon) -> None:
+    ready(daemon)
+    daemon.loop.call(daemon.trace.publish, RequestReport(phase="finished", request_id="old"))
+    for done in (0, 512, 1024):  # the newest progress report only
+        daemon.loop.call(daemon.trace.publish, RequestReport(phase="prefilling", request_id="long",
+                                                             prompt_tokens=4096, prefilled_tokens=done))
+    daemon.loop.call(daemon.trace.publish, RequestReport(phase="started", request_id="short"))
+    time.sleep(0.05)
+    live = daemon.client.trace(last=1, follow=True)
+    seen = [(r["phase"], r["request_id"], r["prefilled_tokens"]) for r in (next(live) for _ in range(3))]
+    assert seen == [("finished", "old", 0), ("prefilling", "long", 1024), ("started", "short", 0)]
+    live.close()
+    assert [r["request_id"] for r in daemon.client.trace(last=5)] == ["old"]  # not following: finished ones only
+    status = daemon.client.status()
+    assert (status.requests_running, status.requests_prefilling) == (1, 1)
+    assert [(p["request_id"], p["prefilled_tokens"], p["prompt_tokens"]) for p in status.prefilling] == [
+        ("long", 1024, 4096)]
+
+
 def test_logs_stream_formatted_lines(daemon) -> None:
     import logging
 

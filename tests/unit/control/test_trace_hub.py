@@ -33,6 +33,22 @@ def test_engine_thread_publishes_and_the_ring_keeps_finished_reports(loop_thread
     assert loop_thread.call(hub.find, "r3").finish_reason == "stop" and loop_thread.call(hub.find, "r0") is None
 
 
+def test_prefilling_requests_are_kept_with_their_newest_progress_until_they_start_or_end(loop_thread) -> None:
+    hub = TraceHub(loop_thread.loop)
+    for request_id, done in (("a", 0), ("b", 100), ("a", 512)):
+        hub.publish(RequestReport(phase="prefilling", request_id=request_id, prompt_tokens=2048,
+                                  prefilled_tokens=done))
+    settle(loop_thread)
+    assert [(r.request_id, r.prefilled_tokens) for r in loop_thread.call(hub.prefilling)] == [("a", 512), ("b", 100)]
+    assert loop_thread.call(lambda: hub.running) == 0  # prefilling is not running (yet)
+    hub.publish(RequestReport(phase="started", request_id="a"))
+    hub.publish(RequestReport(phase="finished", request_id="b", finish_reason="abort"))  # aborted in its prefill
+    settle(loop_thread)
+    assert loop_thread.call(hub.prefilling) == [] and loop_thread.call(lambda: hub.running) == 1
+    assert [r.request_id for r in loop_thread.call(hub.live)] == ["a"]
+    assert [r.request_id for r in loop_thread.call(hub.recent, 10)] == ["b"]  # the ring keeps finished ones only
+
+
 def test_a_subscriber_sees_both_phases_in_order(loop_thread) -> None:
     hub = TraceHub(loop_thread.loop)
 

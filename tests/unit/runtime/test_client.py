@@ -10,6 +10,7 @@ from tests.support.tiny_models import scripted_output
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, TextDelta
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.runtime import LocalEngineClient
+from zllm.runtime.scheduler import SchedulerConfig
 
 MODEL = "tiny"
 IM_END = 151645
@@ -300,3 +301,43 @@ def test_from_model_dir_applies_the_settings(tmp_path) -> None:
         assert finished.reason is FinishReason.LENGTH
     finally:
         client.close()
+
+
+def test_the_prompt_split_is_known_before_the_first_event_and_finished_repeats_it(tiny_qwen) -> None:
+    """RequestStream.prompt_usage(): what the cache did with the prompt, before any output (Anthropic's
+    message_start reports it); cold, then a device hit of the same prompt."""
+    reports = []
+    client = LocalEngineClient(tiny_qwen, MODEL, created=1, observer=reports.append,
+                               scheduler=SchedulerConfig(prefill_chunk=4, idle_prefill_chunk=4))
+    try:
+        async def ask(rid: str):
+            stream = await client.submit(request("Count the files in this repository, please.", rid=rid,
+                                                 max_tokens=2))
+            split = await stream.prompt_usage()
+            *_, finished = [event async for event in stream]
+            return stream, split, finished
+
+        for rid in ("cold", "warm"):
+            stream, split, finished = run(ask(rid))
+            assert split == dataclasses.replace(finished.usage, completion_tokens=0)
+            assert split.cache_write_tokens == finished.usage.cache_write_tokens
+            assert split.cached_tokens + split.cache_write_tokens == split.prompt_tokens == stream.prompt_tokens
+            assert (split.cached_tokens == 0) == (rid == "cold")
+        # a prefill of several chunks is reported as it begins: the restored prefix is all it holds yet
+        progress = next(r for r in reports if r.phase == "prefilling" and r.request_id == "cold")
+        assert (progress.prefilled_tokens, progress.prompt_tokens) == (0, stream.prompt_tokens)
+        started = next(r for r in reports if r.phase == "started" and r.request_id == "cold")
+        assert started.prefilled_tokens == started.prompt_tokens
+    finally:
+        client.close()
+
+
+def test_a_request_that_never_starts_still_resolves_its_split(client) -> None:
+    async def main():
+        stream = await client.submit(request(max_tokens=2))
+        stream.abort()  # usually before admission; either way the split arrives before Finished
+        *_, finished = [event async for event in stream]
+        return await asyncio.wait_for(stream.prompt_usage(), 5), finished
+
+    split, finished = run(main())
+    assert split.prompt_tokens == finished.usage.prompt_tokens and split.completion_tokens == 0
