@@ -32,6 +32,11 @@ SSD_KEYS = {  # the torch snapshot store also counts writes, restores and evicti
     "llamacpp": {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
                  "ssd_dropped_jobs"},
 }
+# `zllm status --json` (and what `zllm claude` reads); `prefilling` items: one per request still prefilling
+STATUS_KEYS = {"version", "pid", "phase", "started_at", "uptime_s", "model", "http_url", "host", "port",
+               "queue_waiting", "requests_running", "max_queue", "socket", "data_dir", "log_file",
+               "requests_prefilling", "prefilling"}
+PREFILL_KEYS = {"request_id", "api", "prompt_tokens", "prefilled_tokens", "cached_tokens", "at"}
 ENTRY_KEYS = {"tier", "id", "namespace", "tokens", "prompt_tokens", "bytes", "round", "hits", "created", "last_used"}
 
 
@@ -110,6 +115,8 @@ def assert_control_answers_keep_their_keys(backend: str, client: LocalEngineClie
     assert model.dialect == client.dialect_choice.name and model.dialect_reason == client.dialect_choice.reason
     assert model.kv_cache_budget_bytes == stats["device_budget_bytes"] > 0
     assert control.status().queue_waiting == 0
+    status = control.call("status")
+    assert set(status) == STATUS_KEYS and (status["requests_prefilling"], status["prefilling"]) == (0, [])
     pruned = control.cache_prune(older_than_s=0, tier="ssd")
     assert (pruned.ssd_removed, [e["tier"] for e in pruned.removed]) == (1, ["ssd"])
 
@@ -131,3 +138,19 @@ def test_tier_words_are_the_ones_logs_and_json_always_had() -> None:
     assert Tier.hit(Tier.DEVICE, True) is Tier.DEVICE_HINT and Tier.hit(Tier.SSD, False) is Tier.SSD
     assert Tier.DEVICE_HINT.on_device and not Tier.SSD_HINT.on_device and Tier.SSD_HINT.from_ssd
     assert CacheEntry.from_json({"tier": "ssd", "id": "x", "namespace": "n", "tokens": 3}).tier is Tier.SSD
+
+
+def test_a_prefilling_request_in_status_keeps_its_keys(serve, loop_thread) -> None:
+    from zllm.runtime.report import RequestReport
+
+    facts = DaemonFacts(version="9.9.9", pid=1, started_at=time.time(), model=MODEL, http_url="", host="", port=0,
+                        socket="", data_dir="", log_file="", max_queue=8)
+    trace = TraceHub(loop_thread.loop)
+    control = ControlMethods(facts, trace=trace, logs=LogHub(loop_thread.loop).ring, request_shutdown=lambda: None)
+    _, path = serve(control.methods(), control.streams())
+    loop_thread.call(trace.publish, RequestReport(phase="prefilling", request_id="msg_1", prompt_tokens=900,
+                                                  prefilled_tokens=300, cached_tokens=100))
+    loop_thread.call(lambda: None)  # the publish has landed on the loop
+    status = ControlClient(path).call("status")
+    assert set(status) == STATUS_KEYS and status["requests_prefilling"] == 1
+    assert [set(item) for item in status["prefilling"]] == [PREFILL_KEYS]
