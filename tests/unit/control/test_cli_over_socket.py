@@ -82,8 +82,8 @@ def test_status_shows_a_prefilling_request_and_its_progress(fake_daemon, capsys,
         phase="prefilling", request_id="msg_long", api="messages", prompt_tokens=18_749, prefilled_tokens=4_352,
         cached_tokens=1_024))
     code, out, _ = zllm(capsys, "status")
-    assert code == 0 and "queue    0 running, 1 prefilling, 2 waiting (max 8)" in out
-    assert "prefill  msg_long 4,352/18,749 prompt tokens (23%), 1,024 from the cache" in out
+    assert code == 0 and "queue     0 running, 1 prefilling, 2 waiting (max 8)" in out
+    assert "prefill   msg_long 4,352/18,749 prompt tokens (23%), 1,024 from the cache" in out
     code, out, _ = zllm(capsys, "status", "--json")
     data = json.loads(out)
     assert (data["requests_running"], data["requests_prefilling"]) == (0, 1)
