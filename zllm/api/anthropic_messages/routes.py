@@ -24,7 +24,7 @@ from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
-from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.context import engine_of, keep_alive_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
 from zllm.api.sse import stream_sse
@@ -50,7 +50,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
                                     prompt_tokens=stream.prompt_tokens, extra=extra)
     if call.stream:
-        return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
+        return await stream_sse(request, stream, encoder, keep_alive=keep_alive_of(request))
     builder = MessageBuilder(encoder)
     await run_to_finish(stream, builder.feed)
     return web.json_response(builder.result())
