@@ -230,9 +230,9 @@ class _SsePump:
 
     async def _keep_alive(self) -> None:
         """The encoder's heartbeat event once none went out for `event_s`, else a comment."""
-        if self.keep_alive.event_due(time.monotonic() - self.last_event_at):
-            if await self._send(self.encoder.heartbeat()):
-                return
+        due = self.keep_alive.event_due(time.monotonic() - self.last_event_at)
+        if due and await self._send(self.encoder.heartbeat()):
+            return
         if self.keep_alive.comment_s is not None:
             await self.writer.send_comment("keep-alive")
 
