@@ -32,8 +32,8 @@ def test_without_recent_prefills_the_cache_estimate_serves_then_nothing() -> Non
     assert measured_prefill_rate([report(40, 0, 1.0)], cost_s_per_token=None) is None
 
 
-def test_ps_reports_the_rate_and_zllm_claude_and_codex_size_their_timeouts_from_it(  # noqa: F811
-        fake_daemon, loop_thread, capsys) -> None:
+def test_ps_reports_the_rate_and_zllm_claude_and_codex_size_their_timeouts_from_it(
+        fake_daemon, loop_thread, capsys) -> None:  # noqa: F811
     trace = fake_daemon().trace
     code, out, _ = zllm(capsys, "ps", "--json")
     assert code == 0 and json.loads(out)[0]["prefill_tokens_per_s"] is None  # the fake's reports have no timing
