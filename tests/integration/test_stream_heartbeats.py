@@ -11,6 +11,7 @@ in the daemon). Claude Code's and Codex's watchdogs count such events; the real 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import anthropic
@@ -74,7 +75,7 @@ def test_a_slow_prefill_sends_counted_events_and_leaves_the_message_and_usage_al
     beats = [e for _, e in prefill if is_heartbeat(e)]
     took = prefill[-1][0] - prefill[0][0]
     assert took > 1.0 and len(beats) >= 5  # ~1.5 s of prefill at one event per 0.1 s
-    gaps = [b[0] - a[0] for a, b in zip(prefill, prefill[1:])]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(prefill)]
     assert max(gaps) < 3 * EVENT_S, gaps  # no silence a watchdog could count
     assert all(is_heartbeat(e) for e in events[1:first_block] if e.type != "ping")
 

@@ -8,6 +8,7 @@ off for the reference.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import urllib.request
@@ -133,7 +134,7 @@ def test_heartbeat_events_come_at_their_interval_and_comments_between(serve, eng
     start = next(t for t, text in frames if "message_start" in text)
     beats = [t for t, text in frames if '"stop_reason":null' in text and "message_delta" in text]
     assert len(beats) == 2  # 0.2 s and 0.4 s into the 0.5 s wait
-    gaps = [b - a for a, b in zip([start, *beats], beats)]
+    gaps = [b - a for a, b in itertools.pairwise([start, *beats])]
     assert all(0.15 < gap < 0.35 for gap in gaps), gaps
     assert sum(text == ": keep-alive\n" for _, text in frames) >= 4  # the 0.05 s comments go on between
 
