@@ -76,7 +76,7 @@ CLAUDE_MIN_CONVERSATION_TOKENS = 8_192
 # attends to all before it: about twice the average per-token cost over a full window of a small model) and
 # other requests share the engine, hence the factor.
 PREFILL_SAFETY = 3
-CLIENT_TIMEOUT_FLOOR_S = 600  # 10 min, also Claude Code's own default API timeout
+CLIENT_TIMEOUT_FLOOR_S = 600  # 10 min, the Anthropic SDK's default request timeout
 UNMEASURED_TIMEOUT_S = 1_800  # no prefill measured yet: assume a slow CPU (issue 20: >300 s for 18.7K tokens)
 # a real Anthropic key in the environment would be sent to the local daemon next to ours
 CLAUDE_UNSET = ("ANTHROPIC_API_KEY",)
