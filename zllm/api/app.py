@@ -25,7 +25,7 @@ from zllm.api import meta_routes
 from zllm.api.anthropic_messages import routes as anthropic_messages_routes
 from zllm.api.auth import NAMESPACE_SECRET, identity_middleware, new_namespace_secret
 from zllm.api.cache_diagnostics import CACHE_DIAGNOSTICS, CacheDiagnostics
-from zllm.api.context import ENGINE, SSE_HEARTBEAT_S
+from zllm.api.context import ENGINE, SSE_KEEP_ALIVE
 from zllm.api.errors import error_response
 from zllm.api.guard import ClientGuard
 from zllm.api.http_log import log_malformed_requests_in_one_line
@@ -33,7 +33,7 @@ from zllm.api.json_body import BODY_PARSING, BodyParsing
 from zllm.api.ollama import routes as ollama_routes
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
-from zllm.api.sse import DEFAULT_HEARTBEAT_S
+from zllm.api.sse import DEFAULT_EVENT_HEARTBEAT_S, DEFAULT_HEARTBEAT_S, KeepAlive
 from zllm.canonical import EngineClient
 from zllm.canonical.library import ModelLibrary
 from zllm.store import ResponseStore
@@ -70,6 +70,7 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+    sse_event_heartbeat_s: float | None = DEFAULT_EVENT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
     fingerprints: FingerprintStore | None = None,
     websocket: bool = True,
@@ -81,6 +82,8 @@ def create_app(
     diagnostics, likewise (None = in memory). `websocket=False` refuses Responses WebSockets (426).
     `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
     `compaction_key`: signs Responses compaction items (None: a key for this app's life only).
+    `sse_heartbeat_s` / `sse_event_heartbeat_s`: how often an idle stream sends a comment / a heartbeat event
+    (api/sse.py; None = never; tests shorten them).
     `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
     (None = a fresh one: namespaces then last as long as the app). `allowed_hosts` / `allowed_origins`: the Host
     names (the bound address among them) and browser origins served besides localhost (api/guard.py)."""
@@ -93,7 +96,7 @@ def create_app(
     guard.install(app)
     app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
-    app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    app[SSE_KEEP_ALIVE] = KeepAlive(sse_heartbeat_s, sse_event_heartbeat_s)
     _add_cache_diagnostics(app, fingerprints)
     app[BODY_PARSING] = BodyParsing()
     meta_routes.add_routes(app)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from zllm.api.sse import KeepAlive
 from zllm.canonical import EngineClient
 
 ENGINE = web.AppKey("zllm.engine", EngineClient)
-# seconds without an event before an SSE stream sends a keep-alive comment; None = never
-SSE_HEARTBEAT_S = web.AppKey("zllm.sse_heartbeat_s", float)
+# how an idle SSE stream is kept alive (api/sse.py: comments, heartbeat events)
+SSE_KEEP_ALIVE = web.AppKey("zllm.sse_keep_alive", KeepAlive)
 
 
 def engine_of(request: web.Request) -> EngineClient:
     return request.app[ENGINE]
 
 
-def heartbeat_of(request: web.Request) -> float | None:
-    return request.app.get(SSE_HEARTBEAT_S)
+def keep_alive_of(request: web.Request) -> KeepAlive:
+    return request.app.get(SSE_KEEP_ALIVE, KeepAlive())

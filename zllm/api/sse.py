@@ -15,6 +15,15 @@ Frames on the wire (an `event:` line only when a protocol names its events, as A
 
     data: [DONE]
 
+While no event comes (a long prefill, a wait in the queue) the pump keeps the stream alive two ways: an SSE
+comment every `heartbeat_s` (15 s: idle-timeout proxies, and a write that notices a vanished client), and
+once a minute (`event_heartbeat_s`) the encoder's `heartbeat()` instead: a real event of the protocol that
+changes nothing a client accumulates. Clients' stream watchdogs count only events, never comments: Claude
+Code aborts a stream after 300 s without one (it ignores `ping` too; the floor cannot be lowered) and Codex
+after its `stream_idle_timeout_ms` (300 s by default), so a cold prefill longer than that would otherwise be
+retried from the start, again and again. An encoder with nothing harmless to send at that point returns []
+and the comment goes out instead.
+
 A client that goes away (the handler is cancelled, or a write finds the socket closed) aborts the engine
 request and ends the handler quietly: a hang-up is normal for streaming clients, not an error to log.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,7 +48,11 @@ log = logging.getLogger("zllm.api")
 # ClientConnectionResetError (aiohttp's "Cannot write to closing transport") subclasses ConnectionResetError.
 CLIENT_GONE = (ConnectionResetError, BrokenPipeError)
 
-DEFAULT_HEARTBEAT_S = 15.0
+DEFAULT_HEARTBEAT_S = 15.0  # an SSE comment after this long without a frame
+# a protocol heartbeat event (StreamEncoder.heartbeat) after this long without one: well inside the 300 s
+# watchdogs of Claude Code and Codex, and rare because Claude Code adds the usage of every message_delta to
+# its session cost (anthropic_messages/encode.py)
+DEFAULT_EVENT_HEARTBEAT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -109,16 +123,22 @@ class StreamEncoder(Protocol):
         """Payloads that report `error` to the client mid-stream."""
         ...
 
+    def heartbeat(self) -> list[SsePayload]:
+        """An event that clients' idle watchdogs count and that changes nothing they accumulate (the
+        answer's text, calls, stop reason or usage), valid at this point of the stream; [] when there is none."""
+        ...
+
 
 async def stream_sse(
     request: web.Request,
     stream: RequestStream,
     encoder: StreamEncoder,
     *,
-    heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+    keep_alive: KeepAlive | None = None,
 ) -> web.StreamResponse:
-    """Run `stream` out to the client as SSE. Aborts `stream` if the client goes away before it finished."""
-    pump = _SsePump(stream, SseWriter(request), encoder, heartbeat_s)
+    """Run `stream` out to the client as SSE. Aborts `stream` if the client goes away before it finished.
+    `keep_alive`: how an idle stream is kept alive (the module docstring; None: the defaults)."""
+    pump = _SsePump(stream, SseWriter(request), encoder, keep_alive or KeepAlive())
     try:
         await pump.run()
     except asyncio.CancelledError:
@@ -133,18 +153,39 @@ async def stream_sse(
     return pump.writer.response
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """How an idle stream is kept alive: a comment every `comment_s`, a protocol heartbeat event once no event
+    went out for `event_s` (None: never)."""
+
+    comment_s: float | None = DEFAULT_HEARTBEAT_S
+    event_s: float | None = DEFAULT_EVENT_HEARTBEAT_S
+
+    @property
+    def tick_s(self) -> float | None:
+        """How long the pump waits for an event before it sends something itself."""
+        intervals = [s for s in (self.comment_s, self.event_s) if s is not None]
+        return min(intervals) if intervals else None
+
+    def event_due(self, idle_s: float) -> bool:
+        """Whether a heartbeat event is due after `idle_s` without an event. Ticks come every `tick_s` and a
+        timer may fire a hair early, so half a tick counts as there: 4 ticks of 15 s make the 60 s."""
+        return self.event_s is not None and idle_s >= self.event_s - self.tick_s / 2
+
+
 class _SsePump:
-    def __init__(self, stream: RequestStream, writer: SseWriter, encoder: StreamEncoder, heartbeat_s: float | None):
+    def __init__(self, stream: RequestStream, writer: SseWriter, encoder: StreamEncoder, keep_alive: KeepAlive):
         self.stream = stream
         self.writer = writer
         self.encoder = encoder
-        self.heartbeat_s = heartbeat_s
+        self.keep_alive = keep_alive
+        self.last_event_at = time.monotonic()  # when the last event (not a comment) went out
         # set once Finished went out: a client hanging up after that (Codex does) is a normal end
         self.finished = False
 
     async def run(self) -> None:
         await self.writer.open()
-        await self.writer.send(self.encoder.start())
+        await self._send(self.encoder.start())
         await self._send_events()
         await self.writer.close()
 
@@ -161,11 +202,10 @@ class _SsePump:
             pass
 
     async def _send_events(self) -> None:
-        """Send the stream's events until `Finished`; while none arrives for `heartbeat_s` (a long prefill),
-        send an SSE comment.
+        """Send the stream's events until `Finished`; while none arrives (a long prefill), keep the stream
+        alive (`_keep_alive`).
 
-        Comments keep idle-timeout proxies and clients from giving up, and a write to a closed socket notices a
-        vanished client even without handler cancellation.
+        A write to a closed socket also notices a vanished client even without handler cancellation.
         """
         events = aiter(self.stream)
         pending: asyncio.Future | None = None
@@ -173,9 +213,9 @@ class _SsePump:
             while not self.finished:
                 if pending is None:
                     pending = asyncio.ensure_future(anext(events))
-                done, _ = await asyncio.wait({pending}, timeout=self.heartbeat_s)
+                done, _ = await asyncio.wait({pending}, timeout=self.keep_alive.tick_s)
                 if not done:
-                    await self.writer.send_comment("keep-alive")
+                    await self._keep_alive()
                     continue
                 ready, pending = pending, None
                 try:
@@ -183,7 +223,23 @@ class _SsePump:
                 except StopAsyncIteration:
                     return
                 self.finished = isinstance(event, Finished)
-                await self.writer.send(self.encoder.feed(event))
+                await self._send(self.encoder.feed(event))
         finally:
             if pending is not None:
                 pending.cancel()
+
+    async def _keep_alive(self) -> None:
+        """The encoder's heartbeat event once none went out for `event_s`, else a comment."""
+        due = self.keep_alive.event_due(time.monotonic() - self.last_event_at)
+        if due and await self._send(self.encoder.heartbeat()):
+            return
+        if self.keep_alive.comment_s is not None:
+            await self.writer.send_comment("keep-alive")
+
+    async def _send(self, payloads: list[SsePayload]) -> bool:
+        """Send `payloads` (if any); whether an event went out."""
+        if not payloads:
+            return False
+        await self.writer.send(payloads)
+        self.last_event_at = time.monotonic()
+        return True

@@ -9,7 +9,9 @@ client with them (CLIENTS.md has what each client needs).
     export CLAUDE_CODE_AUTO_COMPACT_WINDOW=8192
     export CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=80
     export CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024
-    export DISABLE_AUTO_COMPACT=1             # only for windows too small for Claude Code's compaction
+    export DISABLE_AUTO_COMPACT=1             # where compaction cannot help (claude_compacts)
+    export CLAUDE_STREAM_IDLE_TIMEOUT_MS=1800000   # a cold prefill of the window must fit (client_timeout_s)
+    export API_TIMEOUT_MS=3600000
     unset ANTHROPIC_API_KEY
     $ zllm claude -- -p "say hi" --bare        # exec claude with that environment
 
@@ -24,6 +26,10 @@ tools to give the model.
 Codex speaks only the Responses API (`wire_api = "responses"`, base URL with `/v1`); Claude Code appends
 `/v1/messages` itself (base URL without `/v1`). The context window tells each client when to compact: Codex from the catalog entry (and
 `model_auto_compact_token_limit`), Claude Code from its window variables (`claude_env`).
+Both clients give up on a stream after 300 s without an event (Claude Code's `CLAUDE_STREAM_IDLE_TIMEOUT_MS`,
+Codex's `stream_idle_timeout_ms`), and a cold prefill of a large window on a CPU takes longer: zllm sends
+heartbeat events meanwhile (api/sse.py), and these settings raise the timeouts to what a full window's prefill
+takes at the daemon's measured rate (`client_timeout_s`).
 Where the daemon is comes from the settings (flags of `serve`, ZLLM_* variables, the config file) and the
 model's manifest; `served_endpoint(ask_daemon=…)` is the seam for asking a running daemon instead.
 """
@@ -53,9 +59,25 @@ CODEX_PROVIDER = "zllm"
 CODEX_KEY_ENV = "ZLLM_API_KEY"
 CODEX_CATALOG_FILE = "codex-catalog.json"
 # Claude Code compacts at (window - reserved output) - AUTOCOMPACT_BUFFER tokens, or at CLAUDE_COMPACT_PERCENT
-# of (window - reserved output) when that comes first
+# of (window - reserved output) when that comes first (the percentage can only bring it earlier)
 CLAUDE_AUTOCOMPACT_BUFFER = 13_000
 CLAUDE_COMPACT_PERCENT = 80
+# Claude Code's own fixed prompt (system prompt, tool schemas, agent list), sent with every request, which no
+# compaction can shrink. Measured in the default model's tokenizer on the first request Claude Code 2.1.197
+# sends (`zllm count-tokens` on the captured body): 20,132 tokens (24 tools), 1,043 with --bare; rounded up
+# for a project's CLAUDE.md and git status.
+CLAUDE_FIXED_PROMPT_TOKENS = 20_500
+CLAUDE_BARE_FIXED_PROMPT_TOKENS = 1_500
+# what compaction must find to summarize above the fixed prompt: a few turns ("compact_error too_few_groups"
+# otherwise)
+CLAUDE_MIN_CONVERSATION_TOKENS = 8_192
+# The clients' timeouts: a stream's idle timeout and a whole request's must hold a cold prefill of the full
+# window. The measured rate comes mostly from shorter prompts, a long prompt's later tokens cost more (each
+# attends to all before it: about twice the average per-token cost over a full window of a small model) and
+# other requests share the engine, hence the factor.
+PREFILL_SAFETY = 3
+CLIENT_TIMEOUT_FLOOR_S = 600  # 10 min, the Anthropic SDK's default request timeout
+UNMEASURED_TIMEOUT_S = 1_800  # no prefill measured yet: assume a slow CPU (issue 20: >300 s for 18.7K tokens)
 # a real Anthropic key in the environment would be sent to the local daemon next to ours
 CLAUDE_UNSET = ("ANTHROPIC_API_KEY",)
 INSTALL_HINTS = {
@@ -71,6 +93,7 @@ class ServedEndpoint:
     model: str
     context_length: int | None  # None: unknown (the model is not pulled and no --context-length is set)
     api_key: str
+    prefill_tokens_per_s: float | None = None  # the running daemon's measured rate; None: not measured
 
     @property
     def base_url(self) -> str:
@@ -98,7 +121,9 @@ def client_key(settings: Settings) -> str:
     return (configured_api_keys(settings) or (PLACEHOLDER_KEY,))[0]
 
 
-def claude_env(ep: ServedEndpoint) -> dict[str, str]:
+def claude_env(ep: ServedEndpoint, *, bare: bool = False) -> dict[str, str]:
+    """`bare`: Claude Code runs with --bare (a much smaller fixed prompt: compaction fits smaller windows)."""
+    timeout_ms = str(client_timeout_s(ep) * 1000)
     env = {
         "ANTHROPIC_BASE_URL": ep.base_url,
         # Bearer auth: Claude Code asks no "use this API key?" question for it
@@ -110,31 +135,59 @@ def claude_env(ep: ServedEndpoint) -> dict[str, str]:
         "ANTHROPIC_DEFAULT_SONNET_MODEL": ep.model,
         "ANTHROPIC_DEFAULT_OPUS_MODEL": ep.model,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # its stream watchdog (300 s at least; a lower value is ignored) and its request timeout, which a
+        # non-streamed answer (Claude Code's fallback) must fit in: prefill, then decoding the answer
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": timeout_ms,
+        "API_TIMEOUT_MS": str(2 * int(timeout_ms)),
     }
     if ep.context_length:
-        env.update(claude_window_env(ep.context_length))
+        fixed = CLAUDE_BARE_FIXED_PROMPT_TOKENS if bare else CLAUDE_FIXED_PROMPT_TOKENS
+        env.update(claude_window_env(ep.context_length, fixed_prompt=fixed))
     return env
 
 
-def claude_window_env(context_length: int) -> dict[str, str]:
-    """The window, the output reservation and when to compact. Claude Code keeps a fixed buffer below its
-    usable window (the window less the output reservation); in a window too small for that buffer it would
-    compact before every turn, so there automatic compaction is off (`/compact` still works, and zllm
-    answers an overlong prompt with the "prompt is too long" error Claude Code tells the user about)."""
+def claude_window_env(context_length: int, *, fixed_prompt: int = CLAUDE_FIXED_PROMPT_TOKENS) -> dict[str, str]:
+    """The window, the output reservation and when to compact; where compaction cannot help
+    (`claude_compacts`), automatic compaction is off (`/compact` still works, and zllm answers an overlong
+    prompt with the "prompt is too long" error Claude Code tells the user about)."""
     output = output_budget(context_length)
+    # Claude Code reads an auto-compact window below 100K as 100K and then takes the model's window when that is
+    # smaller: the value only has to be there (proactive compaction runs only with a window configured)
     env = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(context_length),
            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(context_length),
            "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(CLAUDE_COMPACT_PERCENT),
            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(output)}
-    if claude_compact_threshold(context_length) < context_length // 4:
+    if not claude_compacts(context_length, fixed_prompt):
         env["DISABLE_AUTO_COMPACT"] = "1"
     return env
+
+
+def claude_compacts(context_length: int, fixed_prompt: int = CLAUDE_FIXED_PROMPT_TOKENS) -> bool:
+    """Whether automatic compaction can work in this window.
+
+    Compaction summarizes the conversation; Claude Code's fixed prompt (`fixed_prompt` tokens) stays. So the
+    threshold must lie above the fixed prompt plus a conversation worth summarizing, else Claude Code
+    compacts before every turn and fails ("fixed prefix > threshold: compaction cannot help", then
+    "compact_error too_few_groups"): at 32K its threshold is 15,672 tokens against a 20K fixed prompt. No
+    percentage helps there: below a usable window of 65K tokens the threshold is the usable window less
+    Claude Code's 13K buffer whatever the percentage (which only ever brings it earlier)."""
+    return claude_compact_threshold(context_length) >= fixed_prompt + CLAUDE_MIN_CONVERSATION_TOKENS
 
 
 def claude_compact_threshold(context_length: int) -> int:
     """The prompt size (tokens) at which Claude Code compacts, given `claude_window_env`."""
     usable = context_length - min(output_budget(context_length), 20_000)
     return min(usable - CLAUDE_AUTOCOMPACT_BUFFER, usable * CLAUDE_COMPACT_PERCENT // 100)
+
+
+def client_timeout_s(ep: ServedEndpoint) -> int:
+    """Seconds a client should wait for a stream's next event: a cold prefill of the whole window at the
+    daemon's measured rate, `PREFILL_SAFETY` times over, at least `CLIENT_TIMEOUT_FLOOR_S`;
+    `UNMEASURED_TIMEOUT_S` when the rate or the window is unknown (a daemon that has not prefilled yet)."""
+    if not ep.context_length or not ep.prefill_tokens_per_s:
+        return UNMEASURED_TIMEOUT_S
+    cold_prefill_s = ep.context_length / ep.prefill_tokens_per_s
+    return max(CLIENT_TIMEOUT_FLOOR_S, round(PREFILL_SAFETY * cold_prefill_s))
 
 
 def output_budget(context_length: int) -> int:
@@ -154,7 +207,9 @@ def codex_config(ep: ServedEndpoint, catalog: Path | None = None) -> tuple[dict[
         top["model_context_window"] = ep.context_length
         top["model_auto_compact_token_limit"] = auto_compact_limit(ep.context_length)
     provider = {"name": CODEX_PROVIDER, "base_url": f"{ep.base_url}/v1", "wire_api": "responses",
-                "env_key": CODEX_KEY_ENV}
+                "env_key": CODEX_KEY_ENV,
+                # its stream watchdog (300 s by default): a cold prefill of the window must fit
+                "stream_idle_timeout_ms": client_timeout_s(ep) * 1000}
     return top, provider
 
 
@@ -179,7 +234,9 @@ def claude(
 ) -> None:
     """Print the environment that points Claude Code at zllm, or run `claude -- ARGS` with it."""
     _, ep = _endpoint()
-    env = claude_env(ep)
+    bare = "--bare" in (args or ())
+    env = claude_env(ep, bare=bare)
+    _warn_prompt_does_not_fit(ep, bare)
     if args:
         _refuse_print_flags(as_json, "claude")
         _exec("claude", args, env, unset=CLAUDE_UNSET)
@@ -257,7 +314,8 @@ def _from_daemon(settings: Settings) -> ServedEndpoint | None:
     if found is None:
         return None
     return ServedEndpoint(host=_dial_host(found.host), port=found.port, model=found.model,
-                          context_length=found.context_length, api_key=client_key(settings))
+                          context_length=found.context_length, api_key=client_key(settings),
+                          prefill_tokens_per_s=found.prefill_tokens_per_s)
 
 
 def _exec(program: str, args: list[str], env_updates: dict[str, str], unset: tuple[str, ...] = ()) -> None:
@@ -286,8 +344,19 @@ def _warn_unknown_window(ep: ServedEndpoint) -> None:
                   "client is not told when to compact; pull it or set ZLLM_CONTEXT_LENGTH")
 
 
+def _warn_prompt_does_not_fit(ep: ServedEndpoint, bare: bool) -> None:
+    """Claude Code's fixed prompt alone overflows a small window: every request would be refused."""
+    if bare or not ep.context_length:
+        return
+    if CLAUDE_FIXED_PROMPT_TOKENS + output_budget(ep.context_length) > ep.context_length:
+        err.print(f"[yellow]warning[/]: Claude Code's own prompt (about {CLAUDE_FIXED_PROMPT_TOKENS:,} tokens: system "
+                  f"prompt and tool schemas) does not fit the {ep.context_length:,}-token window of "
+                  f"{escape(ep.model)}; run it with --bare, or serve a model with a larger window")
+
+
 def _describe(ep: ServedEndpoint) -> dict[str, object]:
-    return {"base_url": ep.base_url, "model": ep.model, "context_length": ep.context_length}
+    return {"base_url": ep.base_url, "model": ep.model, "context_length": ep.context_length,
+            "prefill_tokens_per_s": ep.prefill_tokens_per_s, "client_timeout_s": client_timeout_s(ep)}
 
 
 def _model_note(ep: ServedEndpoint) -> str:

@@ -73,6 +73,7 @@ class RunningDaemon:
     port: int
     model: str
     context_length: int | None
+    prefill_tokens_per_s: float | None = None  # measured (control/prefill_rate.py); None: not yet
 
 
 def running_daemon(settings: Settings, timeout: float = 2.0) -> RunningDaemon | None:
@@ -86,4 +87,5 @@ def running_daemon(settings: Settings, timeout: float = 2.0) -> RunningDaemon | 
     if status.phase != "ready" or not models:
         return None
     return RunningDaemon(host=status.host, port=status.port, model=models[0].name,
-                         context_length=models[0].context_length or None)
+                         context_length=models[0].context_length or None,
+                         prefill_tokens_per_s=models[0].prefill_tokens_per_s)

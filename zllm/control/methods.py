@@ -5,7 +5,8 @@
     control.attach(engine, model_info)    # once the model is loaded: phase "loading" → "ready"
 
     status            → DaemonStatus (with each prefilling request's progress: PrefillProgress)
-    ps                → {"models": [LoadedModelInfo]}        (empty while loading)
+    ps                → {"models": [LoadedModelInfo]}        (empty while loading; with the measured prefill
+                                                              rate: prefill_rate.py)
     cache.*           → cache_methods.py
     cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
     store.stats       → the Responses store: {"path", "rows", "bytes", "file_bytes", "oldest", "newest", bounds}
@@ -32,15 +33,9 @@ from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
-from zllm.control.protocol import (
-    BAD_REQUEST,
-    NOT_FOUND,
-    NOT_READY,
-    ControlError,
-    DaemonStatus,
-    LoadedModelInfo,
-    PrefillProgress,
-)
+    status            → DaemonStatus (with each prefilling request's progress: PrefillProgress)
+    ps                → {"models": [LoadedModelInfo]}        (empty while loading; with the measured prefill
+                                                              rate: prefill_rate.py)
 from zllm.control.served import ServedCache, ServedEngine
 from zllm.errors import InvalidRequest
 
@@ -119,10 +114,14 @@ class ControlMethods:
             return {"models": []}
         model = self._model
         cache = self._engine.prefix_cache
+        cost_s_per_token = None
         if cache is not None:
             stats = await asyncio.to_thread(cache.stats)
             model = replace(model, kv_cache_bytes=stats.device_bytes + stats.pool_bytes,
                             kv_cache_budget_bytes=stats.device_budget_bytes)
+            cost_s_per_token = stats.prefill_s_per_token
+        rate = measured_prefill_rate(self._trace.recent(RECENT), cost_s_per_token=cost_s_per_token)
+        model = replace(model, prefill_tokens_per_s=rate)
         choice = self._engine.dialect_choice
         model = replace(model, resident_bytes=resident_bytes(), dialect=choice.name, dialect_reason=choice.reason)
         return {"models": [model.to_json()]}

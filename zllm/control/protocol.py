@@ -154,6 +154,8 @@ class LoadedModelInfo(_Wire):
     backend_reason: str = ""  # why ("GGUF weights run on llama.cpp as they are", "--backend torch", ...)
     quantization: str = ""  # "Q4_1", "Q4_K_M", "float32", ...
     resident_bytes: int = 0  # the daemon's real resident memory (RSS) when asked
+    # prompt tokens prefilled per second, as measured recently (control/prefill_rate.py); None: not yet
+    prefill_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)

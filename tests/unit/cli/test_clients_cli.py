@@ -53,7 +53,11 @@ def invoke(*args: str):
 
 def test_claude_prints_an_environment_a_shell_can_eval(settings_env: dict[str, str]) -> None:
     result = invoke("claude")
-    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.exit_code == 0
+    # the one warning: Claude Code's full prompt alone overflows an 8K window
+    assert " ".join(result.stderr.split()) == (
+        "warning: Claude Code's own prompt (about 20,500 tokens: system prompt and tool schemas) does not fit the "
+        "8,192-token window of qwen3-8b; run it with --bare, or serve a model with a larger window")
     shell = subprocess.run(["sh", "-c", result.stdout + '\nprintf "%s|" "$ANTHROPIC_BASE_URL" "$ANTHROPIC_AUTH_TOKEN" '
                             '"$ANTHROPIC_MODEL" "$CLAUDE_CODE_MAX_CONTEXT_TOKENS" "$CLAUDE_CODE_MAX_OUTPUT_TOKENS" '
                             '"${ANTHROPIC_API_KEY-unset}"'],
@@ -100,7 +104,9 @@ def test_codex_toml_is_a_responses_provider_with_the_model_catalog(settings_env:
     assert config == {"model": "qwen3-8b", "model_provider": "zllm", "model_catalog_json": str(catalog),
                       "model_context_window": 8192, "model_auto_compact_token_limit": 6553,
                       "model_providers": {"zllm": {"name": "zllm", "base_url": "http://127.0.0.1:12345/v1",
-                                                   "wire_api": "responses", "env_key": "ZLLM_API_KEY"}}}
+                                                   "wire_api": "responses", "env_key": "ZLLM_API_KEY",
+                                                   # no daemon, so no measured prefill rate: 30 minutes
+                                                   "stream_idle_timeout_ms": 1_800_000}}}
     assert json.loads(catalog.read_text())["models"][0]["slug"] == "qwen3-8b"
 
 
@@ -127,19 +133,61 @@ def test_an_unknown_window_leaves_it_out_of_the_catalog(settings_env: dict[str, 
     assert "model_context_window" not in data["config"] and data["config"]["model_catalog_json"] == data["catalog"]
 
 
-@pytest.mark.parametrize(("window", "compacts_at"), [(32768, 15672), (131072, 91750), (200_000, 144000)])
-def test_claude_compacts_before_the_window_fills(window: int, compacts_at: int) -> None:
-    env = clients.claude_window_env(window)
+FULL, BARE = clients.CLAUDE_FIXED_PROMPT_TOKENS, clients.CLAUDE_BARE_FIXED_PROMPT_TOKENS
+
+
+@pytest.mark.parametrize(("window", "fixed", "compacts_at"), [(32768, BARE, 15672), (65536, FULL, 44344),
+                                                               (131072, FULL, 91750), (200_000, FULL, 144000)])
+def test_claude_compacts_before_the_window_fills(window: int, fixed: int, compacts_at: int) -> None:
+    env = clients.claude_window_env(window, fixed_prompt=fixed)
     assert (env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"], env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"]) == (str(window),) * 2
     assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "80" and "DISABLE_AUTO_COMPACT" not in env
     assert clients.claude_compact_threshold(window) == compacts_at
     assert compacts_at + int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) < window
+    # above Claude Code's own prompt, with a conversation worth summarizing on top of it
+    assert compacts_at >= fixed + clients.CLAUDE_MIN_CONVERSATION_TOKENS
 
 
-@pytest.mark.parametrize("window", [8192, 16384])
-def test_a_window_too_small_for_claude_codes_buffer_turns_auto_compaction_off(window: int) -> None:
-    # Claude Code would otherwise compact before every turn (its threshold is below a quarter of the window)
-    assert clients.claude_window_env(window)["DISABLE_AUTO_COMPACT"] == "1"
+@pytest.mark.parametrize(("window", "fixed"), [(8192, FULL), (16384, FULL), (32768, FULL), (40960, FULL),
+                                               (8192, BARE), (16384, BARE)])
+def test_auto_compaction_is_off_where_it_cannot_help(window: int, fixed: int) -> None:
+    # issue 20: at 32K Claude Code's threshold (15,672) lay below its own 20K prompt, so it tried to compact
+    # before every turn ("compaction cannot help", then "compact_error too_few_groups")
+    assert clients.claude_compact_threshold(window) < fixed + clients.CLAUDE_MIN_CONVERSATION_TOKENS
+    assert clients.claude_window_env(window, fixed_prompt=fixed)["DISABLE_AUTO_COMPACT"] == "1"
+
+
+def test_whenever_auto_compaction_is_on_its_threshold_clears_the_fixed_prompt() -> None:
+    for window in range(4096, 262_144, 1024):
+        for fixed in (FULL, BARE):
+            on = "DISABLE_AUTO_COMPACT" not in clients.claude_window_env(window, fixed_prompt=fixed)
+            assert on == (clients.claude_compact_threshold(window) >= fixed + clients.CLAUDE_MIN_CONVERSATION_TOKENS)
+
+
+def endpoint(window: int | None = 32768, rate: float | None = None) -> clients.ServedEndpoint:
+    return clients.ServedEndpoint(host="127.0.0.1", port=1, model="m", context_length=window, api_key="k",
+                                  prefill_tokens_per_s=rate)
+
+
+@pytest.mark.parametrize(("window", "rate", "seconds"), [
+    (32768, None, 1800),      # never measured: assume a slow CPU
+    (None, 500.0, 1800),      # the window unknown: likewise
+    (8192, 2000.0, 600),      # a fast prefill: the floor (3 × 4 s is less)
+    (32768, 50.0, 1966),      # issue 20's machine: 3 × 655 s
+    (131072, 100.0, 3932),
+])
+def test_client_timeouts_hold_a_cold_prefill_of_the_window(window, rate, seconds) -> None:
+    ep = endpoint(window, rate)
+    assert clients.client_timeout_s(ep) == seconds
+    env = clients.claude_env(ep)
+    assert (env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"], env["API_TIMEOUT_MS"]) == (str(seconds * 1000),
+                                                                             str(2 * seconds * 1000))
+    assert clients.codex_config(ep)[1]["stream_idle_timeout_ms"] == seconds * 1000
+
+
+def test_claude_code_keeps_its_300_s_floor_so_the_timeout_never_goes_below_it() -> None:
+    # Claude Code takes max(CLAUDE_STREAM_IDLE_TIMEOUT_MS, 300000): a value below would be silently ignored
+    assert clients.CLIENT_TIMEOUT_FLOOR_S >= 300
 
 
 def test_codex_text_and_json_say_the_same(settings_env: dict[str, str]) -> None:
@@ -186,7 +234,19 @@ def test_claude_runs_with_the_environment(settings_env: dict[str, str], fake_cli
     assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_AUTH_TOKEN"], env["ANTHROPIC_MODEL"]) == (
         "http://127.0.0.1:12345", "zllm", "qwen3-8b")
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["KEEP_ME"] == "1"
+    assert env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "1800000" and env["API_TIMEOUT_MS"] == "3600000"
     assert "ANTHROPIC_API_KEY" not in env
+    assert "does not fit" not in result.stderr  # --bare: Claude Code's small prompt fits
+
+
+def test_claude_with_bare_may_compact_where_the_full_prompt_may_not(settings_env: dict[str, str],
+                                                                   fake_clients: Path, tmp_path: Path) -> None:
+    settings_env = {**settings_env, "ZLLM_CONTEXT_LENGTH": "32768"}
+    for args, disabled in ((["-p", "hi", "--bare"], False), (["-p", "hi"], True)):
+        record = tmp_path / "claude.json"
+        result = run_verb(settings_env, f"{fake_clients}:/usr/bin:/bin", "claude", "--", *args, record=record)
+        assert result.returncode == 7, result.stderr
+        assert ("DISABLE_AUTO_COMPACT" in json.loads(record.read_text())["env"]) is disabled
 
 
 def test_codex_runs_with_config_overrides(settings_env: dict[str, str], fake_clients: Path, tmp_path: Path) -> None:

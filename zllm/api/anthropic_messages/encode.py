@@ -30,6 +30,14 @@ absent field leaves the start's split in place under every one of those merges (
 one would count the prompt twice under some). A stream that ends before its split arrived (no PromptSplit)
 starts from the Finished usage.
 
+While nothing else is sent (the prompt is prefilling) the SSE pump asks for a heartbeat (api/sse.py) and
+sends what `heartbeat()` returns: with no content block open a `message_delta` that repeats what the message
+already says (`heartbeat_delta`), inside a block an empty delta of the block's kind:
+
+    event: message_delta  data: {"type":"message_delta","delta":{"stop_reason":null,"stop_sequence":null},
+                                 "usage":{"output_tokens":0}}
+    event: content_block_delta  data: {…,"index":1,"delta":{"type":"text_delta","text":""}}
+
 ABORT ends the stream without message_stop. ERROR is `event: error` with
 `{"type":"error","error":{"type":"api_error"|"overloaded_error"|…,"message":…}}`.
 A tool_use id is the core's call id in Anthropic's spelling (`toolu_` + its hex: api/call_ids.py). The stop
@@ -81,6 +89,32 @@ def delta_usage_body(usage: Usage) -> dict:
     return {"output_tokens": usage.completion_tokens}
 
 
+def heartbeat_delta() -> dict:
+    """A `message_delta` for the stream watchdog of Claude Code, which counts every event but `ping` (comments
+    never reach it) and gives up after 300 s without one: a cold prefill can take longer.
+
+    It must change nothing a client accumulates. The Anthropic SDKs copy `stop_reason` and `stop_sequence`
+    (null until the last delta) and `usage.output_tokens` (required: the TS SDK reads it unconditionally) into
+    the message, and the input and cache fields only when present; Claude Code keeps each input or cache field
+    of message_start unless a delta's is above 0, and takes output_tokens when present. So the heartbeat
+    carries output_tokens 0, as message_start did, and no input or cache field (a value there could only
+    repeat or contradict message_start's split). The last message_delta then sets the real values.
+
+    One cost remains: Claude Code adds the merged usage of every message_delta to its session totals (`/cost`,
+    `modelUsage`), so each heartbeat counts the prompt once more there; the pump sends them rarely (once a
+    minute, api/sse.py) and `zllm claude` raises the watchdog so that they are rarely needed."""
+    return {"type": "message_delta", "delta": {"stop_reason": None, "stop_sequence": None},
+            "usage": {"output_tokens": 0}}
+
+
+# an empty delta of each block kind: a heartbeat inside an open block (appending "" changes nothing)
+_EMPTY_DELTAS = {
+    wire.TEXT: {"type": "text_delta", "text": ""},
+    wire.THINKING: {"type": "thinking_delta", "thinking": ""},
+    wire.TOOL_USE: {"type": "input_json_delta", "partial_json": ""},
+}
+
+
 def new_message_id() -> str:
     return ids.new_id("msg")
 
@@ -107,7 +141,8 @@ class MessagesStreamEncoder:
         self.extra = extra or {}
         self._open: _OpenBlock | None = None
         self._next_index = 0
-        self._started = False
+        self._started = False  # message_start went out
+        self._ended = False    # the last message_delta (or an error) went out: nothing may follow
 
     def start(self) -> list[SseMessage]:
         return []  # message_start waits for the prompt's split (the PromptSplit event)
@@ -121,6 +156,15 @@ class MessagesStreamEncoder:
             **self.extra,
         }
         return [frame({"type": "message_start", "message": message}), frame({"type": "ping"})]
+
+    def heartbeat(self) -> list[SseMessage]:
+        """What the pump sends while no event comes (see the module docstring); [] before message_start and
+        after the end, where no event may go."""
+        if not self._started or self._ended:
+            return []
+        if self._open is None:
+            return [frame(heartbeat_delta())]
+        return [self._delta_frame(dict(_EMPTY_DELTAS[self._open.kind]))]
 
     def feed(self, event: Event | PromptSplit) -> list[SseMessage]:
         if isinstance(event, PromptSplit):
@@ -219,6 +263,7 @@ class MessagesStreamEncoder:
     # end -----------------------------------------------------------------------------------------------------
 
     def _finish(self, finished: Finished) -> list[SseMessage]:
+        self._ended = True
         if finished.reason is FinishReason.ABORT:
             return []
         if finished.reason is FinishReason.ERROR:

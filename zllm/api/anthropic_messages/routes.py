@@ -25,7 +25,7 @@ from zllm.api.anthropic_messages.prompt_split import split_first
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
-from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.context import engine_of, keep_alive_of
 from zllm.api.errors import anthropic_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
 from zllm.api.sse import stream_sse
@@ -52,7 +52,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                                     prompt_tokens=stream.prompt_tokens, extra=extra)
     split = split_first(stream)  # message_start waits for the prompt's cache split (encode.py)
     if call.stream:
-        return await stream_sse(request, split, encoder, heartbeat_s=heartbeat_of(request))
+        return await stream_sse(request, split, encoder, keep_alive=keep_alive_of(request))
     builder = MessageBuilder(encoder)
     await run_to_finish(split, builder.feed)
     return web.json_response(builder.result())

@@ -2,7 +2,8 @@
 
 A client that goes away (the handler is cancelled, or a write finds the socket closed) aborts the engine
 request, as on the SSE APIs. There is no keep-alive: NDJSON has no comment line, and an empty line would
-break clients that parse every line (the ollama package does).
+break clients that parse every line (the ollama package does). None is needed either: Ollama itself sends
+nothing while it prefills, so its clients wait without an idle timeout (the ollama package's default is none).
 """
 
 from __future__ import annotations

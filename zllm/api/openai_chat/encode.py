@@ -14,6 +14,11 @@ Streaming (data-only SSE; each line below is one `data:` frame):
                              "prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{…}}}
     [DONE]
 
+While nothing else is sent (a long prefill) the SSE pump sends `heartbeat()` once a minute (api/sse.py): a
+chunk whose delta is `{"content":""}`, the shape of the first chunk, which every client already handles and
+which adds nothing to the answer (a chunk with no choices would break clients that index `choices[0]` without
+having asked for usage). Comments go out too, but watchdogs that count events (Codex's) never see those.
+
 The usage chunk is sent only with `stream_options.include_usage` (and then every chunk carries
 `"usage": null`, as OpenAI does). ERROR ends the stream with `{"error": {…}}` and no [DONE]; ABORT just ends it.
 """
@@ -66,6 +71,10 @@ class ChatStreamEncoder:
         self._saw_reasoning = False
         # tool call index → argument text already streamed, to send only what ToolCallEnd adds
         self._streamed_args: dict[int, str] = {}
+        self._ended = False  # the finish chunk (or an error) went out: nothing may follow
+
+    def heartbeat(self) -> list[SsePayload]:
+        return [] if self._ended else [self._chunk({"content": ""})]
 
     def start(self) -> list[SsePayload]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -111,6 +120,7 @@ class ChatStreamEncoder:
         return self._tool_call_arguments(index, arguments[len(streamed):])
 
     def _finish(self, finished: Finished) -> list[SsePayload]:
+        self._ended = True
         if finished.reason is FinishReason.ABORT:
             return []
         if finished.reason is FinishReason.ERROR:

@@ -13,7 +13,7 @@ from aiohttp import web
 from zllm import ids
 from zllm.api.auth import request_namespace
 from zllm.api.collect import run_to_finish
-from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.context import engine_of, keep_alive_of
 from zllm.api.errors import openai_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
 from zllm.api.openai_chat.completion import ChatCompletionBuilder
@@ -34,7 +34,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         encoder = ChatStreamEncoder(
             completion_id=completion_id, model=call.request.model, created=created, include_usage=call.include_usage
         )
-        return await stream_sse(request, stream, encoder, heartbeat_s=heartbeat_of(request))
+        return await stream_sse(request, stream, encoder, keep_alive=keep_alive_of(request))
     builder = ChatCompletionBuilder(completion_id=completion_id, model=call.request.model, created=created)
     await run_to_finish(stream, builder.feed)
     return web.json_response(builder.result())

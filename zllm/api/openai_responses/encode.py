@@ -18,6 +18,11 @@ JSON text frame each) carry the same objects; every one has a `sequence_number`,
                        ABORT after `cancel()`: response.incomplete with status "cancelled" (see wire.py);
                        any other ABORT: nothing (a disconnect or shutdown: nobody is listening)
 
+While nothing else is sent (a long prefill) the SSE pump sends `heartbeat()` once a minute (api/sse.py): the
+Responses API has no heartbeat event, so `response.in_progress` repeats (the snapshot as `response.created`
+showed it, the next sequence_number). Codex's stream watchdog (`stream_idle_timeout_ms`, 300 s by default)
+counts any event and ignores that type; the OpenAI SDK's stream state keeps its snapshot.
+
 A custom tool's input arrives as JSON `{"input": "…"}` text; it is sent as one delta once the call ends
 (streaming it would need an incremental JSON-string decoder; no client here shows partial input).
 Item ids are minted per response (`mint`), never derived from names; a call's `call_id` is the core's id for
@@ -97,6 +102,10 @@ class ResponseEventEncoder:
     def start(self) -> list[dict]:
         return [self._emit("response.created", response=self._snapshot()),
                 self._emit("response.in_progress", response=self._snapshot())]
+
+    def heartbeat(self) -> list[dict]:
+        """`response.in_progress` again, until the terminal event (see the module docstring)."""
+        return [] if self.final is not None else [self._emit("response.in_progress", response=self._snapshot())]
 
     def prewarm(self) -> list[dict]:
         """`generate: false`: created, then completed with no output (Codex then chains to it)."""

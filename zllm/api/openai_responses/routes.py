@@ -20,7 +20,7 @@ from aiohttp import web
 
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import diagnostics_of
-from zllm.api.context import engine_of, heartbeat_of
+from zllm.api.context import engine_of, keep_alive_of
 from zllm.api.errors import ApiError, openai_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
 from zllm.api.openai_responses import wire
@@ -56,7 +56,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     with in_flight_of(request).track(turn, namespace):
         if not turn.call.stream:
             return web.json_response(await collect(turn))
-        return await stream_sse(request, turn.stream, SseEvents(turn.encoder), heartbeat_s=heartbeat_of(request))
+        return await stream_sse(request, turn.stream, SseEvents(turn.encoder), keep_alive=keep_alive_of(request))
 
 
 @uses_error_shape(openai_error_body)
@@ -89,6 +89,9 @@ class SseEvents:
 
     def fail(self, error: ApiError) -> list[SsePayload]:
         return [_sse(event) for event in self.encoder.fail(error)]
+
+    def heartbeat(self) -> list[SsePayload]:
+        return [_sse(event) for event in self.encoder.heartbeat()]
 
 
 def _sse(event: dict) -> SseMessage:
