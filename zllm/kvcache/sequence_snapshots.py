@@ -7,9 +7,10 @@ nothing it did not check:
 
     b"ZLLMSEQ1" | u32 header length | header JSON {layout, tokens, token_sha256, state_bytes, xxh3_128} | state
 
-Commit protocol, as the tensor tier's (ssd_tier.py): write blobs/<gen>.tmp and fsync it, rename, fsync the
-directory, then insert the index row in one sqlite transaction; a crash at any instant leaves the old state or
-the new one. Deletion runs the other way round: row first, then the file.
+Commit protocol, as the tensor tier's (ssd_tier.py, blob_commit.py): write blobs/<gen>.tmp and fsync it, rename,
+fsync the directory, then insert the index row in one sqlite transaction; a crash at any instant leaves the old
+state or the new one, and a step that fails removes what was written. Deletion runs the other way round: row
+first, then the file.
 
 Reads verify the frame, the layout, the token hash against the index row and an XXH3-128 checksum over the
 state bytes before a byte reaches the engine: a blob that fails is quarantined and the lookup is a miss.
@@ -28,11 +29,13 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import xxhash
 
 from zllm.cache_views import SsdStats
+from zllm.kvcache.blob_commit import commit_blob
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
@@ -171,27 +174,29 @@ class SequenceSnapshots:
     # ------------------------------------------------------------------ writes (writer thread)
 
     def commit(self, job: SequenceJob) -> SnapshotRow | None:
+        """Write `job` durably (blob_commit.py): its row is built, and so checked, before a byte is written, and
+        a write that fails removes what it wrote."""
         packed = pack_tokens(job.tokens)
-        with self._lock:
-            generation, self._generation = self._generation, self._generation + 1
-        final = self.blobs / blob_file(generation)
-        temp = final.with_suffix(".tmp")
         header = json.dumps({"layout": self.layout, "tokens": len(job.tokens), "token_sha256": token_sha256(packed),
                              "state_bytes": len(job.state), "xxh3_128": checksum(job.state)}).encode()
-        with open(temp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.write(job.state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
-        _fsync_dir(self.blobs)
+        frame = MAGIC + struct.pack("<I", len(header)) + header
+        with self._lock:
+            if job.id in self.rows:  # written already: a second blob under the id would orphan the first
+                return None
+            generation, self._generation = self._generation, self._generation + 1
         now = time.time()
-        row = SnapshotRow(job.id, job.namespace, job.model, None, 0, packed, generation, final.stat().st_size,
+        row = SnapshotRow(job.id, job.namespace, job.model, None, 0, packed, generation, len(frame) + len(job.state),
                           job.round, job.prompt_length, job.hint_key, now, now)
+        final = self.blobs / blob_file(generation)
+        committed = commit_blob(final.with_suffix(".tmp"), final, partial(_write_blob, frame=frame, state=job.state),
+                                lambda size: self._index(replace(row, nbytes=size)))
+        self._enforce_budget()
+        return committed
+
+    def _index(self, row: SnapshotRow) -> SnapshotRow:
         self.index.insert(row)
         with self._lock:
             self.rows[row.id] = row
-        self._enforce_budget()
         return row
 
     def flush_touches(self) -> None:
@@ -303,9 +308,11 @@ def _read_frame(path: Path, layout: str, row: SnapshotRow) -> memoryview:
     return state
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _write_blob(path: Path, *, frame: bytes, state: bytes | memoryview) -> int:
+    """The framed state at `path`, fsynced; returns the file size."""
+    with open(path, "wb") as f:
+        f.write(frame)
+        f.write(state)
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()

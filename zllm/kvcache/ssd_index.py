@@ -218,4 +218,14 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type, *_: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is not None:
+            self._db.execute("ROLLBACK")
+            return
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            # a COMMIT that fails (disk full, I/O error) may leave the transaction open: roll it back, so the
+            # row is surely not in the index (its blob is removed next) and the next BEGIN works
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise

@@ -5,7 +5,8 @@ Commit protocol (kill -9 at any instant leaves the old or the new state, never a
     1. write blobs/<gen>.tmp and fsync it            a crash here leaves a .tmp: deleted on open
     2. rename to blobs/<gen>.safetensors, fsync dir   a crash here leaves an orphan blob: deleted on open
     3. insert the index row (one sqlite transaction)  only now can a lookup see the snapshot
-    Deletion runs the other way round: row first, then the file.
+    Deletion runs the other way round: row first, then the file. A step that fails with an error (not a
+    crash) removes what was written at once (blob_commit.py): no orphan blob waits for the next start.
 
 Reads treat disk as untrusted (ssd_format.py validates every blob before anything is allocated for it, and
 checks every tensor chunk's checksum before it is copied); a snapshot that fails is quarantined with its
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from zllm.kvcache.blob_commit import commit_blob
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
 from zllm.kvcache.ssd_index import SnapshotRow, blob_name, open_index, pack_tokens, token_sha256
@@ -157,19 +159,20 @@ class SnapshotStore(Maintenance):
     def _write(self, job: SnapshotJob, packed: bytes, parent: SnapshotRow | None, shared: int,
                generation: int) -> SnapshotRow | None:
         own = _gather(job.sources, shared, len(job.tokens))  # [1, kv_heads, n - shared, head_dim] per tensor
-        tmp, final = self.blobs / f"{generation:016x}.tmp", self.blobs / blob_name(generation)
-        size = write_blob(tmp, own, self.layout, token_sha256(packed[4 * shared:]))
-        self._crash_hook("blob-written")
-        os.replace(tmp, final)
-        self._crash_hook("blob-renamed")
-        _fsync_dir(self.blobs)
-        self._crash_hook("dir-synced")
+        final = self.blobs / blob_name(generation)
         now = time.time()
+        # built, and so checked, before a byte is written; its size is filled in once the blob is written
         row = SnapshotRow(job.id, job.namespace, job.model, parent.id if parent else None, shared, packed,
-                          generation, size, job.round, job.prompt_length, job.hint_key, now, now)
+                          generation, 1, job.round, job.prompt_length, job.hint_key, now, now)
+        return commit_blob(final.with_suffix(".tmp"), final,
+                           lambda temp: write_blob(temp, own, self.layout, token_sha256(packed[4 * shared:])),
+                           lambda size: self._index(replace(row, nbytes=size), parent), self._crash_hook)
+
+    def _index(self, row: SnapshotRow, parent: SnapshotRow | None) -> SnapshotRow | None:
+        """Insert the row of a durable blob (None: its parent was pruned meanwhile — pins stop eviction only —
+        and commit_blob removes the blob)."""
         with self._lock:
-            if parent is not None and parent.id not in self.rows:  # pruned meanwhile (pins stop eviction only)
-                final.unlink(missing_ok=True)
+            if parent is not None and parent.id not in self.rows:
                 return None
             self.index.insert(row)
             self._crash_hook("indexed")
@@ -272,10 +275,3 @@ def _gather(sources: tuple[tuple[int, KVState], ...], start: int, stop: int) -> 
     return tuple(tuple(torch.cat([p[layer][i].cpu() for p in pieces], dim=-2) for i in range(len(pieces[0][layer])))
                  for layer in range(len(pieces[0])))
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

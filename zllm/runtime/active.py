@@ -142,6 +142,12 @@ class ActiveRequest:
         assert held <= len(sequence), "the cache cannot hold tokens that were never seen"
         return sequence[:held]
 
+    def terminal_prompt_length(self, held: int) -> int:
+        """How much of the kept sequence is prompt: all of the prompt, or — a prefill aborted part way — only
+        the `held` tokens whose KV exists. The one place both cache backends get this from: an entry (and its
+        SSD row) claiming more prompt than it holds is not a valid entry (ssd_index.SnapshotRow refuses it)."""
+        return min(len(self.request.prompt_ids), held)
+
 
 def log_finished(request: EngineRequest, finished: Finished, active: ActiveRequest | None) -> None:
     """One line per request, for people reading the daemon log (and for tests of abort/finish)."""

@@ -154,6 +154,7 @@ class EngineLoop:
             with self.engine.engine_thread(self._threads):  # torch: its per-thread count, inference mode
                 while self._receive():
                     self._join_restored()
+                    self._end_aborted()  # before admission: see _end_aborted
                     self._admit_waiting()
                     if self._rows:
                         self._step()
@@ -176,6 +177,17 @@ class EngineLoop:
             elif item is not _WAKE:
                 self._line.add(item)
         return not (self._stopping and not self._rows and not len(self._line) and not len(self._restores))
+
+    def _end_aborted(self) -> None:
+        """End the rows whose request was aborted, keeping what they computed, before any waiting request is
+        admitted. A client that gives up on a slow prefill retries with the same prompt at once (Claude Code
+        does): the hang-up sets the old request's abort flag right away, but its row leaves only between steps,
+        and the retry arrives while the step in flight runs. Ending aborted rows first means the retry's cache
+        lookup, which admission makes, finds the aborted prefill's kept prefix (everything up to the step that
+        was in flight) instead of racing it and finding the older prefix that request started from. The retry
+        waits for no more than the step it would have waited for anyway."""
+        for active in [a for a in self._rows if a.request.aborted.is_set()]:
+            self._end(active, active.finished(FinishReason.ABORT))
 
     def _admit_waiting(self) -> None:
         """Carry out the scheduler's admission (scheduler.plan_admission) over the waiting line."""
@@ -399,10 +411,10 @@ class EngineLoop:
             if finished.reason is FinishReason.ERROR:
                 self.prefix_cache.release(active.lease, kept.buffers)
                 return
+            held = self.engine.length(active.cache)  # what was computed: an abort may cut a prefill short
             active.kept = self.prefix_cache.finish(
-                active.lease, active.terminal_sequence(self.engine.length(active.cache)), kept.state,
-                entry_id=active.request.request_id, prompt_length=len(active.request.prompt_ids),
-                buffers=kept.buffers)
+                active.lease, active.terminal_sequence(held), kept.state, entry_id=active.request.request_id,
+                prompt_length=active.terminal_prompt_length(held), buffers=kept.buffers)
         except Exception:  # losing a cache entry must never take the loop down
             log.exception("keeping the KV of %s failed", active.request.request_id)
             self.prefix_cache.release(active.lease, kept.buffers)
