@@ -81,7 +81,7 @@ class PromptRenderer:
         bound = self.length_bound
         if bound is None:
             return
-        at_least = bound.min_tokens(len(text))
+        at_least = bound.min_tokens(text)
         if at_least >= window:  # the same rule as after tokenizing: the prompt must leave room for one token
             raise ContextLengthExceeded(at_least, window, at_least=True)
 

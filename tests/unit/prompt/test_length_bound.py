@@ -9,15 +9,20 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from tests.support.deepseek_models import v31_tokenizer_dir
+from tests.support.tiny_models import tiny_qwen_dir
+
 from zllm.canonical import ChatRequest, Message
 from zllm.errors import ContextLengthExceeded
 from zllm.prompt import PromptRenderer
-from zllm.prompt.length_bound import LengthBound
+from zllm.prompt.length_bound import LengthBound, _byte_level_alphabet
+from zllm.prompt.tokenizer_files import TokenizerFiles
 
 # what packs the most text into each token, or the fewest tokens into a text: long runs the vocabularies
 # have single tokens for, special-token text, combining sequences NFC composes, Hangul jamo, emoji
 _PIECES = (" " * 128, "-" * 112, "//" + "-" * 112, "<|im_start|>", "<|endoftext|>", "e\u0301", "\u1100\u1161\u11a8",
-           "\u03b1\u0313\u0300\u0345", "😀", "\n\n\n", "the ", "a", "\t" * 40, "▁", "<0x41>", "\u00e9")
+           "\u03b1\u0313\u0300\u0345", "😀", "\n\n\n", "the ", "a", "\t" * 40, "▁", "<0x41>", "\u00e9",
+           "\x04", "\x13\x14", "\x7f", "\U00040000", "\U000fffff")
 
 
 def _texts(seed: int, count: int) -> list[str]:
@@ -26,13 +31,24 @@ def _texts(seed: int, count: int) -> list[str]:
             for _ in range(count)]
 
 
-@pytest.mark.parametrize("which", ["qwen_tokenizer", "llama_tokenizer"])
+# every kind of tokenizer object zllm renders with: transformers' fast tokenizers (torch path) and
+# TokenizerFiles (llama.cpp path, the tokenizer.json a GGUF's vocabulary was written to at pull)
+TOKENIZERS = {
+    "qwen_tokenizer": lambda request: request.getfixturevalue("qwen_tokenizer"),
+    "llama_tokenizer": lambda request: request.getfixturevalue("llama_tokenizer"),
+    "qwen_tokenizer_files": lambda request: TokenizerFiles.from_dir(tiny_qwen_dir()),
+    "deepseek_tokenizer_files": lambda request: TokenizerFiles.from_dir(v31_tokenizer_dir()),
+    "byte_level_missing_bytes": lambda request: _fast(_byte_level_lacking(b"\x04\x13\x14\x7f\xf1\xf5\xff")),
+}
+
+
+@pytest.mark.parametrize("which", TOKENIZERS)
 def test_the_bound_never_claims_more_tokens_than_there_are(which: str, request: pytest.FixtureRequest) -> None:
-    tokenizer = request.getfixturevalue(which)
+    tokenizer = TOKENIZERS[which](request)
     bound = LengthBound.of(tokenizer)
     assert bound is not None
     for text in _texts(seed=1, count=200):
-        assert bound.min_tokens(len(text)) <= len(tokenizer.encode(text, add_special_tokens=False)), text[:80]
+        assert bound.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False)), text[:80]
 
 
 def test_qwen_bound_reads_the_longest_piece_and_allows_for_nfc(qwen_tokenizer) -> None:
@@ -68,6 +84,43 @@ def test_no_bound_where_one_token_may_stand_for_any_length() -> None:
 
 def test_one_unknown_per_character_keeps_the_bound() -> None:
     assert LengthBound.of(_fast(_bpe(fuse_unk=False))) == LengthBound(longest_token_chars=5)
+
+
+def test_no_bound_where_unknown_characters_vanish() -> None:
+    # no <unk>, no byte fallback: a BPE model drops every character it has no piece for
+    silent = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    assert silent.encode("azzzzzzzzb").ids == [0, 1]
+    assert LengthBound.of(silent) is None
+    # byte-level, but lacking a continuation byte: a multi-byte character may lose all of its bytes
+    assert LengthBound.of(_byte_level_lacking(b"\x80")) is None
+    # the bound then counts out the ASCII characters the byte-level vocabulary lacks, and only beside no normalizer
+    lacking = _byte_level_lacking(b"\x04\x13")
+    assert LengthBound.of(lacking).dropped == frozenset("\x04\x13")
+    assert lacking.encode("\x04" * 1000).ids == []
+    assert LengthBound.of(lacking).min_tokens("\x04" * 1000 + "\x13 ab") == 1
+    lacking.normalizer = normalizers.NFC()
+    assert LengthBound.of(lacking) is None
+
+
+def test_a_truncating_tokenizer_gets_no_bound() -> None:
+    truncating = _bpe(fuse_unk=False)
+    truncating.enable_truncation(8)
+    assert LengthBound.of(truncating) is None
+
+
+def test_the_llama_cpp_path_reads_the_same_bound_as_transformers(qwen_tokenizer) -> None:
+    assert LengthBound.of(TokenizerFiles.from_dir(tiny_qwen_dir())) == LengthBound.of(qwen_tokenizer)
+
+
+def _byte_level_lacking(missing: bytes) -> Tokenizer:
+    """A byte-level BPE over the whole byte alphabet but `missing`, plus a long piece, with no <unk>: what
+    the default GGUF's vocabulary looks like (it lacks six ASCII control characters and bytes UTF-8 never
+    uses)."""
+    alphabet = [piece for byte, piece in enumerate(_byte_level_alphabet()) if byte not in missing]
+    vocab = {piece: i for i, piece in enumerate([*alphabet, "ĠĠ", "ĠĠĠĠ"])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "Ġ"), ("ĠĠ", "ĠĠ")], fuse_unk=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tokenizer
 
 
 def _request(content: str) -> ChatRequest:
