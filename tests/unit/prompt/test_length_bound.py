@@ -39,10 +39,18 @@ TOKENIZERS = {
     "qwen_tokenizer_files": lambda request: TokenizerFiles.from_dir(tiny_qwen_dir()),
     "deepseek_tokenizer_files": lambda request: TokenizerFiles.from_dir(v31_tokenizer_dir()),
     "byte_level_missing_bytes": lambda request: _fast(_byte_level_lacking(b"\x04\x13\x14\x7f\xf1\xf5\xff")),
+    "default_gguf": lambda request: TokenizerFiles.from_dir(_default_model_dir()),
 }
 
 
-@pytest.mark.parametrize("which", TOKENIZERS)
+def _default_model_dir():
+    from tests.support.default_gguf import NAME, default_model_data_dir
+
+    return default_model_data_dir() / "models" / NAME
+
+
+@pytest.mark.parametrize("which", [pytest.param(name, marks=[pytest.mark.e2e, pytest.mark.timeout(900)])
+                                   if name == "default_gguf" else name for name in TOKENIZERS])
 def test_the_bound_never_claims_more_tokens_than_there_are(which: str, request: pytest.FixtureRequest) -> None:
     tokenizer = TOKENIZERS[which](request)
     bound = LengthBound.of(tokenizer)
@@ -112,6 +120,17 @@ def test_the_llama_cpp_path_reads_the_same_bound_as_transformers(qwen_tokenizer)
     assert LengthBound.of(TokenizerFiles.from_dir(tiny_qwen_dir())) == LengthBound.of(qwen_tokenizer)
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(900)  # the first run fetches the default GGUF
+def test_the_default_gguf_tokenizer_gets_a_bound_that_counts_out_what_it_drops() -> None:
+    tokenizer = TokenizerFiles.from_dir(_default_model_dir())
+    bound = LengthBound.of(tokenizer)
+    assert bound is not None and bound.shrink == 1
+    # its vocabulary (written from the GGUF) lacks six ASCII control characters: they encode to nothing
+    assert bound.dropped and all(tokenizer.encode(c * 50, add_special_tokens=False) == [] for c in bound.dropped)
+    assert bound.min_tokens("".join(bound.dropped) * 100_000) == 0
+
+
 def _byte_level_lacking(missing: bytes) -> Tokenizer:
     """A byte-level BPE over the whole byte alphabet but `missing`, plus a long piece, with no <unk>: what
     the default GGUF's vocabulary looks like (it lacks six ASCII control characters and bytes UTF-8 never
@@ -140,3 +159,13 @@ def test_a_prompt_the_bound_cannot_rule_out_is_tokenized_and_counted(qwen_tokeni
     renderer = PromptRenderer(qwen_tokenizer)
     rendered = renderer.render(_request("word " * 1000), window=256)  # 5,000 characters, ~1,000 tokens
     assert len(rendered.token_ids) > 256  # the caller refuses it with the exact count, as before
+
+
+def test_counting_out_dropped_characters_stops_once_the_bound_is_enough() -> None:
+    bound = LengthBound.of(_byte_level_lacking(b"\x04"))
+    assert bound.longest_token_chars == 4
+    text = "\x04" * 200_000 + "a" * 100_000  # the counted characters come after a long dropped run
+    assert bound.min_tokens(text) == 25_000
+    assert 10 <= bound.min_tokens(text, enough=10) <= 25_000
+    assert bound.min_tokens(text, enough=10**9) == 25_000
+    assert bound.min_tokens("\x04" * 300_000, enough=10) == 0
