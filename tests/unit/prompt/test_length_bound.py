@@ -146,11 +146,14 @@ def _request(content: str) -> ChatRequest:
     return ChatRequest(id="r", model="m", messages=(Message(role="user", content=content),))
 
 
-def test_a_hopeless_prompt_is_refused_before_it_is_tokenized(qwen_tokenizer, monkeypatch) -> None:
-    renderer = PromptRenderer(qwen_tokenizer)
+@pytest.mark.parametrize("which", ["qwen_tokenizer", "qwen_tokenizer_files"])
+def test_a_hopeless_prompt_is_refused_before_it_is_tokenized(which: str, request: pytest.FixtureRequest,
+                                                             monkeypatch) -> None:
+    tokenizer = TOKENIZERS[which](request)
+    renderer = PromptRenderer(tokenizer)
     window = 256
     content = "word " * (window * 128 * 4 // 5 + 1)
-    monkeypatch.setattr(qwen_tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized a hopeless prompt"))
+    monkeypatch.setattr(tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized a hopeless prompt"))
     with pytest.raises(ContextLengthExceeded, match="prompt is too long: at least 2\\d\\d tokens > 256 maximum"):
         renderer.render(_request(content), window=window)
 
