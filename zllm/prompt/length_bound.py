@@ -21,11 +21,13 @@ Why it holds, for the tokenizers it accepts (BPE models, the family every chat m
 - normalization only adds characters (Prepend, a Replace that is no shorter), keeps them (Lowercase), or
   composes them (NFC/NFKC), which removes at most three of every four: a character's canonical
   decomposition is at most four code points long;
-- pre-tokenization keeps every character, and nothing truncates the encoding.
+- pre-tokenization keeps every character, no added token strips the whitespace beside it (`lstrip`/`rstrip`
+  fold a run of any length into that one token), and nothing truncates the encoding.
 
 A tokenizer with anything else on its path (a normalizer that may drop characters, a pre-tokenizer that
-splits whitespace away, `<unk>` fused over runs of unknown characters, characters dropped beside a
-normalizer, a WordPiece or Unigram model) gets no bound, and its prompts are tokenized to be measured.
+splits whitespace away, an added token that strips it, `<unk>` fused over runs of unknown characters,
+characters dropped beside a normalizer, a WordPiece or Unigram model) gets no bound, and its prompts are
+tokenized to be measured (at most `BIG_PROMPT_SLOTS` big ones at once: runtime/client.py).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class LengthBound:
         backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not all(hasattr(backend, name) for name in ("model", "get_vocab", "normalizer", "pre_tokenizer")):
             return None  # a slow (Python) tokenizer: nothing to read the proof off
-        if type(backend.model).__name__ != "BPE" or backend.truncation is not None:
+        if type(backend.model).__name__ != "BPE" or backend.truncation is not None or _strips_whitespace(backend):
             return None
         vocab = backend.get_vocab(with_added_tokens=True)
         pre_tokenizer = _component(backend.pre_tokenizer)
@@ -110,6 +112,11 @@ def _dropped_characters(model, vocab: dict[str, int], *, byte_level: bool) -> fr
     if unknown is not None or any(byte in _CONTINUATION_BYTES for byte in missing):
         return None  # fused unknowns, or a multi-byte character that may lose every byte
     return frozenset(chr(byte) for byte in missing if byte < 0x80)
+
+
+def _strips_whitespace(backend) -> bool:
+    """An added token that strips the whitespace beside it is one token for any run of it."""
+    return any(token.lstrip or token.rstrip for token in backend.get_added_tokens_decoder().values())
 
 
 def _byte_level_alphabet() -> list[str]:

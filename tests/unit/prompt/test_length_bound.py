@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from tests.support.deepseek_models import v31_tokenizer_dir
@@ -114,6 +114,14 @@ def test_a_truncating_tokenizer_gets_no_bound() -> None:
     truncating = _bpe(fuse_unk=False)
     truncating.enable_truncation(8)
     assert LengthBound.of(truncating) is None
+
+
+def test_an_added_token_that_strips_whitespace_takes_the_bound_away() -> None:
+    stripping = _byte_level_lacking(b"")
+    assert LengthBound.of(stripping) is not None
+    stripping.add_special_tokens([AddedToken("<X>", lstrip=True, rstrip=True)])
+    assert len(stripping.encode(" " * 500 + "<X>" + " " * 500).ids) == 1  # 1,003 characters, one token
+    assert LengthBound.of(stripping) is None
 
 
 def test_the_llama_cpp_path_reads_the_same_bound_as_transformers(qwen_tokenizer) -> None:
