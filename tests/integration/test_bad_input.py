@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY
+from tests.integration.conftest import TINY, linked_data_dir
 from tests.support.bad_requests import APIS, corpus
 from tests.support.daemon import Daemon
 from tests.support.fuzz_client import failure, send_all
@@ -32,6 +34,7 @@ REQUEST_TIMEOUT_S = 60
 # RSS may grow this much over the warmed-up baseline (the allocator keeps some freed pages)
 RSS_SLACK = 0.10
 CACHE_BUDGET_MB = 1
+DEFAULT_MODEL = "smollm2"  # tests/support/default_gguf.py's NAME (imported only where the model is fetched)
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +58,21 @@ def chat(model: str = TINY, content: str = "hi") -> bytes:
     return json.dumps({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": content}]}).encode()
 
 
-def warm_up(daemon: Daemon) -> None:
+def warm_up(daemon: Daemon, model: str = TINY) -> None:
     """One served request per route, so lazy allocations (tokenizer caches, templates) predate the baseline."""
-    assert post_raw(daemon.base_url, "/v1/chat/completions", chat())[0] == 200
-    body = json.dumps({"model": TINY, "max_output_tokens": 2, "input": "hi"}).encode()
+    assert post_raw(daemon.base_url, "/v1/chat/completions", chat(model))[0] == 200
+    body = json.dumps({"model": model, "max_output_tokens": 2, "input": "hi"}).encode()
     assert post_raw(daemon.base_url, "/v1/responses", body)[0] == 200
-    body = json.dumps({"model": TINY, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
     assert post_raw(daemon.base_url, "/v1/messages", body)[0] == 200
     assert post_raw(daemon.base_url, "/v1/messages/count_tokens", body)[0] == 200
     for path, extra in (("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
                         ("/api/generate", {"prompt": "hi"})):
-        body = json.dumps({"model": TINY, "stream": False, "options": {"num_predict": 2}, **extra}).encode()
+        body = json.dumps({"model": model, "stream": False, "options": {"num_predict": 2}, **extra}).encode()
         assert post_raw(daemon.base_url, path, body)[0] == 200
     for path, extra in (("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
                         ("/api/generate", {"prompt": "hi"})):
-        body = json.dumps({"model": TINY, "stream": False, "options": {"num_predict": 2}, **extra}).encode()
+        body = json.dumps({"model": model, "stream": False, "options": {"num_predict": 2}, **extra}).encode()
         assert post_raw(daemon.base_url, path, body)[0] == 200
 
 
@@ -138,34 +141,93 @@ def assert_rss_returns(daemon: Daemon, baseline: int, within_s: float = 30.0) ->
 
 
 BIG_BODY_BYTES = 50 * 1024 * 1024
-# the bound the issue sets is 2 s; this machine is shared and loaded, so the test allows some slack
-BIG_BODY_LIMIT_S = 4.0
+# The issue's bound is 2 s a body. What the daemon spends is its CPU time, which a shared, loaded 2-core
+# machine barely changes; the wall time there mostly measures the neighbours, so it gets a loose limit. Both
+# fail by far on a daemon that tokenizes the body (about 100 s and 7 GB on the default GGUF's tokenizer).
+BIG_BODY_CPU_S = 2.0
+BIG_BODY_LIMIT_S = 10.0
+BIG_BODY_PEAK_BYTES = 1 << 30  # over the warmed-up baseline: the body, its text and one rendering, not tokens
 
 
+@pytest.fixture(scope="module")
+def default_daemon(tmp_path_factory: pytest.TempPathFactory):
+    """The default model (SmolLM2 GGUF on llama.cpp): its tokenizer is the one the store wrote from the GGUF."""
+    pytest.importorskip("llama_cpp")
+    from tests.support.default_gguf import default_model_data_dir
+
+    data_dir = linked_data_dir(default_model_data_dir(), tmp_path_factory.mktemp("default-model"))
+    proc = Daemon(data_dir, DEFAULT_MODEL, "--no-ssd-cache").wait_ready(timeout=300)
+    yield proc
+    proc.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def reset_peak_rss(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from the current RSS
+
+
+def peak_rss_bytes(pid: int) -> int:
+    return next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:"))
+
+
+def big_body(path: str, model: str, extra: dict) -> bytes:
+    words = "lorem ipsum dolor sit amet "
+    content = words * (BIG_BODY_BYTES // len(words))
+    if path == "/v1/responses":
+        body = {"model": model, "input": content, **extra}
+    else:
+        body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    return json.dumps(body).encode()
+
+
+SERVED = [pytest.param(("daemon", TINY), id="tiny-qwen"),
+          pytest.param(("default_daemon", DEFAULT_MODEL), id="default-gguf",
+                       marks=[pytest.mark.e2e, pytest.mark.timeout(900)])]  # the first run fetches the GGUF
+
+
+@pytest.mark.parametrize("at_once", [1, 2])
+@pytest.mark.parametrize("served", SERVED)
 @pytest.mark.parametrize(("path", "extra"), [
     ("/v1/chat/completions", {"max_tokens": 2}),
     ("/v1/messages", {"max_tokens": 2}),
     ("/v1/messages/count_tokens", {}),
     ("/v1/responses", {}),
 ])
-def test_a_50_mb_prompt_is_refused_at_once_and_memory_comes_back(daemon: Daemon, path: str, extra: dict) -> None:
-    warm_up(daemon)
-    baseline = rss_bytes(daemon.proc.pid)
-    words = "lorem ipsum dolor sit amet "
-    content = words * (BIG_BODY_BYTES // len(words))
-    if path == "/v1/responses":
-        body = {"model": TINY, "input": content, **extra}
-    else:
-        body = {"model": TINY, "messages": [{"role": "user", "content": content}], **extra}
-    raw = json.dumps(body).encode()
+def test_a_50_mb_prompt_is_refused_at_once_and_memory_comes_back(request: pytest.FixtureRequest, served: tuple,
+                                                                 path: str, extra: dict, at_once: int) -> None:
+    fixture, model = served
+    daemon: Daemon = request.getfixturevalue(fixture)
+    pid = daemon.proc.pid
+    warm_up(daemon, model)
+    baseline = rss_bytes(pid)
+    raw = big_body(path, model, extra)
     assert len(raw) >= BIG_BODY_BYTES
-    started = time.monotonic()
-    status, answer = post_raw(daemon.base_url, path, raw)
-    elapsed = time.monotonic() - started
-    print(f"\n{path}: {len(raw) / 2**20:.0f} MiB answered {status} in {elapsed:.2f}s")
-    assert status == 400
-    message = answer["error"]["message"]
-    assert "prompt is too long: at least" in message
-    assert elapsed <= BIG_BODY_LIMIT_S
-    assert post_raw(daemon.base_url, "/v1/chat/completions", chat())[0] == 200
+
+    def timed_post(_) -> tuple[int, dict, float]:
+        started = time.monotonic()
+        status, answer = post_raw(daemon.base_url, path, raw)
+        return status, answer, time.monotonic() - started
+
+    reset_peak_rss(pid)
+    cpu_before = cpu_seconds(pid)
+    with ThreadPoolExecutor(at_once) as pool:
+        outcomes = list(pool.map(timed_post, range(at_once)))
+    cpu = cpu_seconds(pid) - cpu_before
+    peak = peak_rss_bytes(pid)
+    print(f"\n{model} {path} ×{at_once}: {len(raw) / 2**20:.0f} MiB answered {[o[0] for o in outcomes]} in "
+          f"{[round(o[2], 2) for o in outcomes]} s, daemon CPU {cpu:.2f} s, RSS {baseline / 2**20:.0f} MiB → peak "
+          f"{peak / 2**20:.0f} MiB")
+    for status, answer, elapsed in outcomes:
+        assert status == 400
+        message = answer["error"]["message"]
+        assert "prompt is too long: at least" in message  # proven from the length: never tokenized
+        assert elapsed <= BIG_BODY_LIMIT_S * at_once
+    assert cpu <= BIG_BODY_CPU_S * at_once
+    assert peak <= baseline + BIG_BODY_PEAK_BYTES
+    assert post_raw(daemon.base_url, "/v1/chat/completions", chat(model))[0] == 200
     assert_rss_returns(daemon, baseline)

@@ -74,9 +74,11 @@ class TokenCount:
         }
 
 
-def count_prompt(renderer, request: ChatRequest) -> PromptCount:
-    """The rendered prompt's length and its breakdown by segment."""
-    rendered = renderer.render(request)
+def count_prompt(renderer, request: ChatRequest, *, window: int | None = None) -> PromptCount:
+    """The rendered prompt's length and its breakdown by segment. `window`: a prompt whose length alone proves
+    it cannot fit is refused (`ContextLengthExceeded`, "at least N tokens") instead of counted, as the daemon
+    refuses it: counting a 50 MB prompt exactly takes minutes and gigabytes, and says no more than that."""
+    rendered = renderer.render(request, window=window)
     total = len(rendered.token_ids)
     totals: dict[Label, int] = {}  # insertion order = the order labels first appear in the prompt
     for segment in map_segments(renderer, request, total).segments:
@@ -90,6 +92,6 @@ def count_tokens_file(path: str | Path, *, model: str | None = None,
     """Read `path`, render it for `model` (default: the daemon's model) and count. Raises `ZllmError`s."""
     request_file = read_request_file(path, fmt=fmt)
     inspected = resolve_model(model)
-    prompt = count_prompt(load_renderer(inspected.path), request_file.request)
+    prompt = count_prompt(load_renderer(inspected.path), request_file.request, window=inspected.context_length)
     return TokenCount(path=request_file.path, format=request_file.format, format_reason=request_file.reason,
                       model=inspected.name, context_length=inspected.context_length, prompt=prompt)

@@ -81,8 +81,10 @@ class PromptRenderer:
         bound = self.length_bound
         if bound is None:
             return
-        at_least = bound.min_tokens(len(text))
-        if at_least >= window:  # the same rule as after tokenizing: the prompt must leave room for one token
+        # the same rule as after tokenizing: the prompt must leave room for one token (so a bound of `window`
+        # already refuses; counting on to window + 1 makes the message read true: "at least 8193 > 8192")
+        at_least = bound.min_tokens(text, enough=window + 1)
+        if at_least >= window:
             raise ContextLengthExceeded(at_least, window, at_least=True)
 
     def template_text(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.inspect.tiny_store import TINY, TINY_WINDOW
-from zllm.errors import ModelNotFound
+from zllm.errors import ContextLengthExceeded, ModelNotFound
 from zllm.inspect import (
     count_prompt,
     count_tokens_file,
@@ -108,3 +108,11 @@ def test_the_text_groups_the_tools_and_flags_a_prompt_too_long(tiny_env: Path, t
     assert lines[-1].endswith(f"of a {TINY_WINDOW}-token window")
     monkeypatch.setenv("ZLLM_CONTEXT_LENGTH", str(count.total))  # no room left for an answer
     assert str(format_count(count_tokens_file(tmp_path / "two.json", model=TINY))).rstrip().endswith(": too long")
+
+
+def test_a_prompt_its_length_proves_too_long_is_refused_not_counted(tiny_env: Path, tmp_path: Path) -> None:
+    # counting it exactly would tokenize megabytes; the daemon's count_tokens refuses it the same way
+    body = {"model": "m", "messages": [{"role": "user", "content": "word " * (TINY_WINDOW * 128 * 4 // 5 + 1)}]}
+    (tmp_path / "huge.json").write_text(json.dumps(body))
+    with pytest.raises(ContextLengthExceeded, match=f"prompt is too long: at least \\d+ tokens > {TINY_WINDOW} max"):
+        count_tokens_file(tmp_path / "huge.json", model=TINY)

@@ -7,7 +7,10 @@
 Errors before the first event (bad request, unknown model, prompt too long, overloaded) are plain HTTP
 errors in Anthropic's shape, `{"type":"error","error":{"type":…,"message":…}}`: the engine raises them from
 `submit`, so no broken stream is ever started. count_tokens renders with the same renderer as generation
-(`engine.count_tokens`) and never queues behind generation, so Claude Code's burst of 26 stays cheap.
+(`engine.count_tokens`) and never queues behind generation, so Claude Code's burst of 26 stays cheap. It
+counts exactly any prompt tokenizing could find to fit; one whose length alone proves it over the window
+(prompt/length_bound.py) gets generation's 400, "prompt is too long: at least N tokens > M maximum": an
+exact count of a 50 MB body would take a minute and gigabytes, and tell the client nothing more.
 """
 
 from __future__ import annotations
