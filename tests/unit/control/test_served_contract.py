@@ -28,9 +28,9 @@ BASE_KEYS = {"enabled", "device_bytes", "device_budget_bytes", "pool_bytes", "po
              "ssd_hit_rate", "token_hit_rate"}
 SSD_KEYS = {  # the torch snapshot store also counts writes, restores and evictions
     "torch": {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
-              "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted"},
+              "ssd_strays", "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted"},
     "llamacpp": {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
-                 "ssd_dropped_jobs"},
+                 "ssd_strays", "ssd_dropped_jobs"},
 }
 ENTRY_KEYS = {"tier", "id", "namespace", "tokens", "prompt_tokens", "bytes", "round", "hits", "created", "last_used"}
 
