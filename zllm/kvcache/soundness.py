@@ -169,7 +169,8 @@ def _quarantined(found: Recovered, aside: set[str], row_id: str, reason: str, ge
     found.quarantined += 1
     if generation_sound(generation):
         aside.add(check.blob_name(generation))
-    log.warning("kv cache: quarantined snapshot %s (%s) and %d built on it", row_id, reason, built_on)
+    log.warning("kv cache: quarantined snapshot %s (%s)%s", row_id, reason,
+                f" and {built_on} built on it" if built_on else "")
 
 
 def _sweep(found: Recovered, aside: set[str], check: RowCheck, quarantine_dir: Path) -> int:
@@ -184,7 +185,8 @@ def _sweep(found: Recovered, aside: set[str], check: RowCheck, quarantine_dir: P
             set_aside(path, quarantine_dir)
         elif generation is None or path.is_dir() or path.is_symlink():
             found.strays += 1
-            log.warning("kv cache: set aside %s from the SSD tier's blobs: not a file this tier names", path.name)
+            log.warning("kv cache: set aside blobs/%s: not a name this tier writes, or a generation out of range",
+                        path.name)
             set_aside(path, quarantine_dir)
         else:  # a temp, a blob renamed but never indexed, a delete cut short, a blob built on a dropped row
             remove(path)
