@@ -305,6 +305,25 @@ def test_forged_rows_and_stray_files_are_reported_and_writes_go_on(start, tmp_pa
     assert (again.prefix_cache.stats().ssd.quarantined, again.prefix_cache.stats().ssd.strays) == (0, 0)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_blob_that_changes_size_after_open_is_set_aside_at_read(start, tmp_path, backend, caplog) -> None:
+    """The check at open runs again at read: a row that agreed with its blob then does not now."""
+    answers = serve_and_stop(start, backend)
+    directory = tier_dir(tmp_path, backend)
+    reports: list = []
+    restarted = start(backend, reports)
+    assert restarted.prefix_cache.stats().ssd.snapshots == 2, "sound at open"
+    first = blobs(directory)[0]
+    first.write_bytes(first.read_bytes() + b"\0" * 64)
+    with caplog.at_level(logging.WARNING, logger="zllm.kvcache"):
+        text, finished = ask(restarted, chat(0, "again"))
+    assert text == answers[0] and finished.usage.cached_tokens == 0
+    assert "the index says" in finished_report(reports).cache_rejected, "rejected by the row check, not later"
+    assert restarted.prefix_cache.stats().ssd.quarantined == 1
+    assert any(p.name.startswith(first.stem) for p in (directory / "quarantine").iterdir())
+
+
 LOCKER = """
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
