@@ -2,7 +2,7 @@
 again at every read. Both tiers (ssd_tier.py for tensors, sequence_snapshots.py for llama.cpp states) use it.
 
     check = RowCheck(blobs_dir, ".safetensors", chains=True, bytes_per_token=layout.bytes_per_token)
-    found = recover(index, check, quarantine_dir)   # at open: the rows to trust, what was set aside, the next generation
+    found = recover(index, check, quarantine_dir)   # at open: rows to trust, what was set aside, next generation
     reason = check(row, rows)                       # at read: None, or why the row is no longer trusted
 
 A row is sound when its generation is an integer in [0, GENERATION_LIMIT); its blob is a regular file of exactly
