@@ -301,7 +301,8 @@ def test_forged_rows_and_stray_files_are_reported_and_writes_go_on(start, tmp_pa
     again = start(backend)
     for conversation in range(3):  # nothing lost to a later write's budget check, and the new one written
         text, finished = ask(again, chat(conversation, f"after-{conversation}"))
-        assert finished.usage.cached_tokens > 0, f"conversation {conversation} is no longer on disk"
+        # its own snapshot, not a few template tokens another conversation shares
+        assert finished.usage.cached_tokens > finished.usage.prompt_tokens // 2, f"conversation {conversation} lost"
     assert (again.prefix_cache.stats().ssd.quarantined, again.prefix_cache.stats().ssd.strays) == (0, 0)
 
 
