@@ -101,6 +101,7 @@ class SsdStats:
     budget_bytes: int = 0
     quarantined: int = 0  # damaged snapshots set aside
     index_set_aside: int = 0  # 1 when the index itself was unreadable and set aside at open
+    strays: int = 0  # files in the blob directory the tier did not name (out-of-range generations too), set aside
     dropped_jobs: int = 0  # snapshot writes dropped because the writer's queue was full
     writes: int | None = None
     writes_skipped: int | None = None

@@ -1,8 +1,10 @@
 """SSD-tier damage found at startup, through a real daemon: a directory where a blob should be, an index that is
 garbage, from a newer zllm, or locked by another process. Each once kept the daemon from starting (or would
 take over an index in use); now it starts, serves the conversation cold with the cold answer, and says what
-it set aside in its log and in `zllm cache stats` (the control socket's cache.stats). The whole matrix, at
-open and at read and on both backends, is tests/unit/runtime/test_snapshot_damage.py."""
+it set aside in its log and in `zllm cache stats` (the control socket's cache.stats). Index rows that disagree
+with their blob (a forged size, token blob or generation) and a stray file named past sqlite's generations were
+once trusted, or stopped every later write: now each is counted, logged and kept aside, and writes go on.
+The whole matrix, at open and at read and on both backends, is tests/unit/runtime/test_snapshot_damage.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import openai
@@ -20,6 +23,8 @@ from tests.support.daemon import Daemon
 
 SYSTEM = "You are a coding agent. Follow the repository's conventions. " * 12
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Add a test."}]
+OTHER = [{"role": "system", "content": "Answer as a patient maintainer would. " * 12},
+         {"role": "user", "content": "Explain the module."}]
 LOCKER = """
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
@@ -36,9 +41,9 @@ def start(data_dir: Path, cache_dir: Path) -> Daemon:
     return Daemon(data_dir, TINY, "--context-length", "1024", env=env).wait_ready()
 
 
-def ask(daemon: Daemon) -> tuple[str, int]:
+def ask(daemon: Daemon, messages: list[dict] = MESSAGES) -> tuple[str, int]:
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="alice", max_retries=0, timeout=60)
-    completion = client.chat.completions.create(model=TINY, messages=MESSAGES, temperature=0, max_tokens=12)
+    completion = client.chat.completions.create(model=TINY, messages=messages, temperature=0, max_tokens=12)
     return completion.choices[0].message.content, completion.usage.prompt_tokens_details.cached_tokens
 
 
@@ -112,3 +117,67 @@ def test_the_daemon_starts_over_damage_and_serves_cold(tiny_data_dir, pristine, 
     else:
         assert stats["ssd_index_set_aside"] == 1 and "set aside, starting empty" in log
         assert any(p.name.startswith("index.sqlite.") for p in (kv / "quarantine").iterdir())
+
+
+MAX_SQLITE = (1 << 63) - 1
+
+
+def forge_row(kv: Path, assignments: str, *params) -> None:
+    """Edit the snapshot's index row, its blob untouched: a forged or stale row."""
+    db = sqlite3.connect(kv / "index.sqlite")
+    db.execute(f"UPDATE snapshots SET {assignments}", params)
+    db.commit()
+    db.close()
+
+
+def forge_generation(kv: Path) -> None:
+    (blob,) = (kv / "blobs").iterdir()
+    forge_row(kv, "generation = ?", MAX_SQLITE)
+    blob.rename(blob.with_name(f"{MAX_SQLITE:016x}.safetensors"))
+
+
+def stray_file(kv: Path) -> None:
+    (blob,) = (kv / "blobs").iterdir()
+    (kv / "blobs" / "ffffffffffffffff.safetensors").write_bytes(blob.read_bytes())
+
+
+# damage, the reason the log gives once, (ssd_quarantined, ssd_strays), what quarantine/ keeps (None: the blob)
+FORGERIES = {
+    "huge-size-row": (lambda kv: forge_row(kv, "bytes = ?", MAX_SQLITE), "the index says 9223372036854775807",
+                      (1, 0), None),
+    "oversized-token-row": (lambda kv: forge_row(kv, "tokens = zeroblob(?)", 4 * (1 << 21) + 4),
+                            "over 2097152 tokens", (1, 0), None),
+    "forged-generation": (forge_generation, "generation 9223372036854775807 is out of bounds", (1, 1),
+                          f"{MAX_SQLITE:016x}"),
+    "stray-max-generation": (stray_file, "blobs/ffffffffffffffff.safetensors", (0, 1), "ffffffffffffffff"),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_the_daemon_sets_forged_rows_and_stray_files_aside_and_keeps_writing(tiny_data_dir, pristine, tmp_path,
+                                                                             forgery) -> None:
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(pristine[0], cache_dir)
+    kv = cache_dir / "kv"
+    (blob,) = (kv / "blobs").iterdir()
+    damage, reason, counts, kept_as = FORGERIES[forgery]
+    damage(kv)
+    daemon = start(tiny_data_dir, cache_dir)
+    try:
+        stats = daemon.control().cache_stats()  # found at open
+        answer, cached = ask(daemon)
+        ask(daemon, OTHER)  # a new conversation: its snapshot must be written (the torch tier once stopped writing)
+        deadline = time.monotonic() + 30
+        while (snapshots := daemon.control().cache_stats()["ssd_snapshots"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = daemon.log()
+    finally:
+        daemon.stop()
+    stray = forgery == "stray-max-generation"  # a stray is no snapshot: the conversation's own stays in service
+    assert (stats["ssd_quarantined"], stats["ssd_strays"], stats["ssd_snapshots"]) == (*counts, int(stray))
+    assert log.count(reason) == 1, "logged once, with the reason"
+    assert any(p.name.startswith(kept_as or blob.stem) for p in (kv / "quarantine").iterdir()), "kept aside"
+    assert answer == pristine[1] and (stray or cached == 0), "served from a row that was set aside"
+    assert snapshots >= 2, "writes stopped"
+    assert "Traceback" not in log and "writing snapshot" not in log

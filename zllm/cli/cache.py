@@ -94,6 +94,7 @@ def _stats_lines(data: dict) -> list[tuple[str, str]]:
 def _set_aside(ssd: SsdStats) -> str:
     """What the SSD tier took out of service as damaged (kept in its quarantine directory)."""
     parts = [f"{ssd.quarantined} damaged set aside"] if ssd.quarantined else []
+    parts += [f"{ssd.strays} stray files set aside"] if ssd.strays else []
     parts += ["its index set aside"] if ssd.index_set_aside else []
     return f"; {', '.join(parts)}" if parts else ""
 

@@ -12,8 +12,10 @@ fsync the directory, then insert the index row in one sqlite transaction; a cras
 state or the new one, and a step that fails removes what was written. Deletion runs the other way round: row
 first, then the file.
 
-Reads verify the frame, the layout, the token hash against the index row and an XXH3-128 checksum over the
-state bytes before a byte reaches the engine: a blob that fails is quarantined and the lookup is a miss.
+Rows are trusted only while they agree with their blobs (soundness.py: size, generation, token count, no
+parent), at open and at every read. Reads then verify the frame, the layout, the token hash against the index
+row and an XXH3-128 checksum over the state bytes before a byte reaches the engine: a blob that fails is
+quarantined and the lookup is a miss.
 XXH3 (xxhash), not a cryptographic hash: the check must cost little next to reading the blob, and BLAKE2b
 cost more than the read itself. It guards against damage, not against someone who can write the cache
 directory (they could as well write the index). The blob is read once, into one buffer the engine loads from.
@@ -37,7 +39,8 @@ import xxhash
 from zllm.cache_views import SsdStats
 from zllm.kvcache.blob_commit import commit_blob
 from zllm.kvcache.row_index import RowTable
-from zllm.kvcache.set_aside import remove, set_aside
+from zllm.kvcache.set_aside import set_aside
+from zllm.kvcache.soundness import RowCheck, recover
 from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
 from zllm.kvcache.token_prefix import common_prefix_length
 from zllm.private_files import private_dir
@@ -99,28 +102,18 @@ class SequenceSnapshots:
     # ------------------------------------------------------------------ startup
 
     def _recover(self) -> int:
-        """Load the index; drop rows whose blob is missing or not a file (counted as quarantined), files no row
-        names, and half-written temps. Blob contents are checked when read."""
-        rows, bad = self.index.load()
-        kept = {}
-        for row in rows:
-            path = self.blobs / blob_file(row.generation)
-            if path.is_file() and row.parent is None:
-                kept[row.id] = row
-            else:
-                bad.append(row.id)
-                self.quarantined += row.parent is None  # a blob gone or replaced (a parent is a forged row)
-        if bad:
-            self.index.delete(bad)
-        named = {blob_file(row.generation) for row in kept.values()}
-        for path in self.blobs.iterdir():
-            if path.name not in named:
-                self._set_aside(path) if path.is_dir() else remove(path)
-        self.rows = RowTable(kept)  # indexed for the longest-prefix lookup
-        if self.quarantined or self.index_set_aside:
-            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s", len(kept),
-                        self.quarantined, ", the index set aside" if self.index_set_aside else "")
-        return max((row.generation for row in kept.values()), default=self.index.max_generation()) + 1
+        """Trust only rows that agree with their blobs (soundness.py: the same check runs at every read); blob
+        contents are checked when read. Returns the next generation."""
+        self.check = RowCheck(self.blobs, BLOB_SUFFIX, chains=False)  # a blob is a whole sequence's state
+        found = recover(self.index, self.check, self.quarantine_dir)
+        self.rows = RowTable(found.rows)  # indexed for the longest-prefix lookup
+        self.quarantined += found.quarantined
+        self.strays = found.strays
+        if self.quarantined or self.index_set_aside or self.strays:
+            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s%s", len(self.rows),
+                        self.quarantined, f", {self.strays} stray files set aside" if self.strays else "",
+                        ", the index set aside" if self.index_set_aside else "")
+        return found.next_generation
 
     # ------------------------------------------------------------------ lookups and reads (engine thread)
 
@@ -153,6 +146,10 @@ class SequenceSnapshots:
         """The state bytes of `row`, verified; SnapshotInvalid (and the blob quarantined) when anything is off."""
         path = self.blobs / blob_file(row.generation)
         try:
+            with self._lock:  # the row is trusted only while it still agrees with its blob, as at open
+                reason = self.check(row, self.rows)
+            if reason is not None:
+                raise SnapshotInvalid(f"{path.name}: {reason}")
             state = _read_frame(path, self.layout, row)
         except SnapshotInvalid:
             self.quarantine(row)
@@ -218,7 +215,7 @@ class SequenceSnapshots:
         with self._lock:
             return SsdStats(snapshots=len(self.rows), bytes=sum(r.nbytes for r in self.rows.values()),
                             budget_bytes=self.budget_bytes, quarantined=self.quarantined,
-                            index_set_aside=self.index_set_aside)
+                            index_set_aside=self.index_set_aside, strays=self.strays)
 
     def prune(self, *, older_than_s: float | None = None, max_bytes: int | None = None,
               namespace: str | None = None) -> list[str]:

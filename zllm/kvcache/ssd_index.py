@@ -12,9 +12,10 @@ The schema's version is sqlite's `user_version` (0: written before it was set, t
 that is not a database, or is from a newer zllm, is set aside whole and the tier starts empty (`open_index`);
 one that another process holds locked cannot be set aside (it is in use): `IndexLocked`, the tier stays off.
 
-The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__` and the store's
-parent checks); a row is inserted only after its blob is durable (ssd_tier.py's commit protocol), in one
-sqlite transaction, so a crash leaves the old index or the new one.
+The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__`), then checked against
+their blobs and parents at open and at every read (soundness.py); a row is inserted only after its blob is
+durable (ssd_tier.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
+one.
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ def blob_name(generation: int) -> str:
     return f"{generation:016x}.safetensors"
 
 
+@dataclass(frozen=True)
+class MalformedRow:
+    """An index row that is not a snapshot row at all: its id, its generation column as stored, and why."""
+
+    id: str
+    generation: object
+    reason: str
+
+
 class IndexLocked(Exception):
     """Another process holds the index locked: it is in use, so it is neither read nor set aside."""
 
@@ -164,18 +174,21 @@ class SnapshotIndex:
     def close(self) -> None:
         self._db.close()
 
-    def load(self) -> tuple[list[SnapshotRow], list[str]]:
-        """(valid rows, ids of rows that are malformed). Token blobs are size-checked before being read."""
+    def load(self) -> tuple[list[SnapshotRow], list[MalformedRow]]:
+        """(well-formed rows, rows that are not). Token blobs are size-checked before being read. Whether a
+        well-formed row agrees with its blob is soundness.py's to say."""
         rows, bad = [], []
-        oversized = [r[0] for r in self._db.execute(
-            "SELECT id FROM snapshots WHERE typeof(tokens) != 'blob' OR length(tokens) > ?", (4 * MAX_TOKENS,))]
-        bad.extend(oversized)
+        for row_id, generation, kind, size in self._db.execute(
+                "SELECT id, generation, typeof(tokens), length(tokens) FROM snapshots "
+                "WHERE typeof(tokens) != 'blob' OR length(tokens) > ?", (4 * MAX_TOKENS,)):
+            what = f"a {size}-byte token blob, over {MAX_TOKENS} tokens" if kind == "blob" else f"tokens are {kind}"
+            bad.append(MalformedRow(row_id, generation, what))
         query = f"SELECT {_COLUMNS} FROM snapshots WHERE typeof(tokens) = 'blob' AND length(tokens) <= ?"
         for values in self._db.execute(query, (4 * MAX_TOKENS,)):
             try:
                 rows.append(SnapshotRow(*values))
-            except (TypeError, ValueError):
-                bad.append(values[0])
+            except (TypeError, ValueError) as exc:
+                bad.append(MalformedRow(values[0], values[6], f"malformed row: {exc}"))
         return rows, bad
 
     def insert(self, row: SnapshotRow) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from pathlib import Path
 
 from zllm.cache_views import SsdStats
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
+from zllm.kvcache.soundness import RowCheck, descendants, recover
 from zllm.kvcache.ssd_format import SnapshotInvalid, read_header
 from zllm.kvcache.ssd_index import SnapshotRow
 
@@ -25,57 +25,18 @@ class Maintenance:
     # ------------------------------------------------------------------ open
 
     def _recover(self) -> None:
-        for tmp in self.blobs.glob("*.tmp"):  # a write that never reached its rename
-            tmp.unlink(missing_ok=True)
-        rows, malformed = self.index.load()
-        if malformed:
-            log.warning("kv cache: dropping %d malformed index rows", len(malformed))
-            self.index.delete(malformed)
-        self.rows = RowTable({row.id: row for row in rows})  # indexed for the longest-prefix lookup
-        for row in rows:  # quarantining a parent takes its descendants along, checked or not
-            if row.id in self.rows and (reason := self._unsound(row)) is not None:
-                self.quarantine(row.id, reason)
-        referenced = {row.blob_name for row in self.rows.values()}
-        generations = [self.index.max_generation()]
-        for path in self.blobs.iterdir():
-            generations.append(_generation_of(path))
-            if path.name not in referenced:  # renamed but never indexed, or a delete cut short
-                set_aside(path, self.quarantine_dir) if path.is_dir() else remove(path)  # a directory is not ours
-        self._next_generation = max(generations) + 1
+        """Trust only rows that agree with their blobs (soundness.py: the same check runs at every read)."""
+        self.check = RowCheck(self.blobs, ".safetensors", chains=True, bytes_per_token=self.layout.bytes_per_token)
+        found = recover(self.index, self.check, self.quarantine_dir)
+        self.rows = RowTable(found.rows)  # indexed for the longest-prefix lookup
+        self._next_generation = found.next_generation
+        self.counters["quarantined"] += found.quarantined
+        self.counters["strays"] = found.strays
         damaged, index_set_aside = self.counters["quarantined"], self.counters["index_set_aside"]
-        if damaged or index_set_aside:
-            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s", len(self.rows),
-                        damaged, ", the index set aside" if index_set_aside else "")
-
-    def _unsound(self, row: SnapshotRow) -> str | None:
-        """Why `row` cannot be trusted structurally (blob contents are validated when read), or None."""
-        path = self.blobs / row.blob_name
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return "blob missing"
-        if not path.is_file():
-            return "blob is not a file"
-        if size != row.nbytes:
-            return f"blob is {size} bytes, index says {row.nbytes}"
-        if row.parent is None:
-            return None
-        parent = self.rows.get(row.parent)
-        if parent is None or parent.namespace != row.namespace or row.parent_len > parent.length:
-            return "parent missing or incompatible"
-        if row.tokens[:4 * row.parent_len] != parent.tokens[:4 * row.parent_len]:
-            return "tokens disagree with the parent's"
-        if self._chain_too_long(row):
-            return "parent chain loops"
-        return None
-
-    def _chain_too_long(self, row: SnapshotRow) -> bool:
-        """True when following parents never ends (a forged index can make a cycle)."""
-        for _ in range(len(self.rows) + 1):
-            if row.parent is None or row.parent not in self.rows:
-                return False
-            row = self.rows[row.parent]
-        return True
+        if damaged or index_set_aside or found.strays:
+            log.warning("kv cache: SSD tier opened with %d snapshots, %d set aside as damaged%s%s", len(self.rows),
+                        damaged, f", {found.strays} stray files set aside" if found.strays else "",
+                        ", the index set aside" if index_set_aside else "")
 
     # ------------------------------------------------------------------ removal
 
@@ -110,19 +71,7 @@ class Maintenance:
         return sum(row.nbytes for row in removed)
 
     def _descendants(self, row_id: str) -> list[str]:
-        children: dict[str, list[str]] = {}
-        for row in self.rows.values():
-            if row.parent is not None:
-                children.setdefault(row.parent, []).append(row.id)
-        out, seen, stack = [], {row_id}, list(children.get(row_id, []))
-        while stack:
-            child = stack.pop()
-            if child in seen:  # a forged index can make a cycle
-                continue
-            seen.add(child)
-            out.append(child)
-            stack.extend(children.get(child, []))
-        return out
+        return descendants(self.rows, row_id)
 
     def evict_to_budget(self, budget: int | None = None) -> list[str]:
         """Delete least recently used leaf snapshots until the total fits; returns their ids."""
@@ -198,7 +147,7 @@ class Maintenance:
             assert not malformed, f"malformed rows {malformed}"
             assert {r.id: r.generation for r in rows} == {r.id: r.generation for r in self.rows.values()}
             for row in self.rows.values():
-                assert (reason := self._unsound(row)) is None, f"{row.id}: {reason}"
+                assert (reason := self.check(row, self.rows)) is None, f"{row.id}: {reason}"
                 with open(self.blobs / row.blob_name, "rb") as f:
                     try:
                         read_header(f, row.nbytes, self.layout, row.own_length, row.own_token_sha256)
@@ -209,9 +158,3 @@ class Maintenance:
             assert sum(r.nbytes for r in self.rows.values()) == sum(
                 (self.blobs / n).stat().st_size for n in names), "bytes add up"
 
-
-def _generation_of(path: Path) -> int:
-    try:
-        return int(path.name.split(".")[0], 16)
-    except ValueError:
-        return -1

@@ -8,10 +8,11 @@ Commit protocol (kill -9 at any instant leaves the old or the new state, never a
     Deletion runs the other way round: row first, then the file. A step that fails with an error (not a
     crash) removes what was written at once (blob_commit.py): no orphan blob waits for the next start.
 
-Reads treat disk as untrusted (ssd_format.py validates every blob before anything is allocated for it, and
-checks every tensor chunk's checksum before it is copied); a snapshot that fails is quarantined with its
-descendants and the lookup is a miss, never a crash. An index that is garbage or from a newer zllm is set
-aside at open (ssd_index.open_index) and the tier starts empty.
+Reads treat disk as untrusted (the row must still agree with its blob, soundness.py, as at open; ssd_format.py
+validates every blob before anything is allocated for it, and checks every tensor chunk's checksum before it
+is copied); a snapshot that fails is quarantined with its descendants and the lookup is a miss, never a
+crash. An index that is garbage or from a newer zllm is set aside at open (ssd_index.open_index) and the tier
+starts empty.
 
 Lookups are per namespace over the in-memory mirror of the index: an exact id / client key hint (verified:
 its tokens must be a prefix of the request), else the snapshot sharing the longest prefix with the request
@@ -236,8 +237,11 @@ class SnapshotStore(Maintenance):
             for current, _, _, _ in segments:  # validate every blob of the chain before reading any data
                 f = open(self.blobs / current.blob_name, "rb")
                 opened.append((f, None))
-                header = read_header(f, os.fstat(f.fileno()).st_size, self.layout, current.own_length,
-                                     current.own_token_sha256)
+                size = os.fstat(f.fileno()).st_size
+                with self._lock:  # the row is trusted only while it still agrees with its blob (soundness.py)
+                    if (reason := self.check(current, self.rows, size)) is not None:
+                        raise SnapshotInvalid(reason)
+                header = read_header(f, size, self.layout, current.own_length, current.own_token_sha256)
                 opened[-1] = (f, header)
             staging = pool.staging(max(staging_bytes(header, first, count)
                                        for (_, header), (_, first, count, _) in zip(opened, segments)))

@@ -18,6 +18,8 @@ def test_damage_set_aside_is_shown_on_the_ssd_line() -> None:
     assert ssd_line({**healthy, "ssd_quarantined": 3}).endswith("; 3 damaged set aside")
     assert ssd_line({**healthy, "ssd_quarantined": 1, "ssd_index_set_aside": 1}).endswith(
         "; 1 damaged set aside, its index set aside")
+    assert ssd_line({**healthy, "ssd_quarantined": 1, "ssd_strays": 2}).endswith(
+        "; 1 damaged set aside, 2 stray files set aside")
 
 
 def test_a_tier_that_could_not_open_says_why() -> None:

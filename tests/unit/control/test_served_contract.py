@@ -28,9 +28,9 @@ BASE_KEYS = {"enabled", "device_bytes", "device_budget_bytes", "pool_bytes", "po
              "ssd_hit_rate", "token_hit_rate"}
 SSD_KEYS = {  # the torch snapshot store also counts writes, restores and evictions
     "torch": {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
-              "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted"},
+              "ssd_strays", "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted"},
     "llamacpp": {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
-                 "ssd_dropped_jobs"},
+                 "ssd_strays", "ssd_dropped_jobs"},
 }
 # `zllm status --json` (and what `zllm claude` reads); `prefilling` items: one per request still prefilling
 STATUS_KEYS = {"version", "pid", "phase", "started_at", "uptime_s", "model", "http_url", "host", "port",

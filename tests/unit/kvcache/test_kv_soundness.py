@@ -1,0 +1,42 @@
+"""The SSD tiers' shared row check (soundness.py) in isolation: generation bounds on file names, and a token
+count the blob cannot hold. The damage matrix through the whole stack is tests/unit/runtime/test_snapshot_damage.py."""
+
+import logging
+import sqlite3
+
+from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
+from zllm.kvcache.soundness import GENERATION_LIMIT, generation_of
+from zllm.kvcache.ssd_index import pack_tokens
+from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
+
+SUFFIXES = (".safetensors", ".tmp")
+
+
+def test_a_generation_comes_from_a_file_name_only_within_bounds() -> None:
+    assert generation_of("000000000000002a.safetensors", SUFFIXES) == 42
+    assert generation_of("000000000000002a.tmp", SUFFIXES) == 42
+    assert generation_of(f"{GENERATION_LIMIT - 1:016x}.safetensors", SUFFIXES) == GENERATION_LIMIT - 1
+    for stray in (f"{GENERATION_LIMIT:016x}.safetensors", "ffffffffffffffff.safetensors",
+                  "7fffffffffffffff.safetensors", "000000000000002A.safetensors", "2a.safetensors",
+                  "000000000000002a.seqstate", "000000000000002a", "notes.txt", "+00000000000002a.tmp"):
+        assert generation_of(stray, SUFFIXES) is None, stray
+    assert generation_of("000000000000002a.seqstate", (".seqstate",)) == 42
+
+
+def test_a_row_claiming_more_tokens_than_its_blob_holds_is_set_aside(tmp_path, caplog) -> None:
+    directory = tmp_path / "kv"
+    store = SnapshotStore(directory, LAYOUT, 1 << 30)
+    tokens = random_tokens(100)
+    row = store.commit(SnapshotJob("snap", "ns", "m", tokens, 100, 1, ((0, synthetic_state(tokens)),)))
+    store.close()
+    db = sqlite3.connect(directory / "index.sqlite")  # size and generation agree with the blob, the count not
+    db.execute("UPDATE snapshots SET tokens = ?, prompt_len = 0", (pack_tokens(tokens * 40),))
+    db.commit()
+    db.close()
+    with caplog.at_level(logging.WARNING, logger="zllm.kvcache"):
+        store = SnapshotStore(directory, LAYOUT, 1 << 30)
+    assert store.snapshots() == [] and store.stats().quarantined == 1
+    assert f"cannot hold {100 * 40} tokens" in caplog.text
+    assert [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] == [row.blob_name.split(".")[0]]
+    store.check_integrity()
+    store.close()
