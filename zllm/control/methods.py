@@ -33,9 +33,16 @@ from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
-    status            → DaemonStatus (with each prefilling request's progress: PrefillProgress)
-    ps                → {"models": [LoadedModelInfo]}        (empty while loading; with the measured prefill
-                                                              rate: prefill_rate.py)
+from zllm.control.prefill_rate import RECENT, measured_prefill_rate
+from zllm.control.protocol import (
+    BAD_REQUEST,
+    NOT_FOUND,
+    NOT_READY,
+    ControlError,
+    DaemonStatus,
+    LoadedModelInfo,
+    PrefillProgress,
+)
 from zllm.control.served import ServedCache, ServedEngine
 from zllm.errors import InvalidRequest
 
