@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.fake_engine import tool_call_events
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, heartbeat_delta
+from zllm.api.anthropic_messages.prompt_split import PromptSplit
 from zllm.api.openai_chat.encode import ChatStreamEncoder
 from zllm.canonical import Finished, FinishReason, TextDelta, Usage
 
@@ -152,6 +153,8 @@ def test_no_heartbeat_before_message_start_or_after_the_end() -> None:
     encoder = MessagesStreamEncoder(message_id="msg_1", model="m", prompt_tokens=10)
     assert encoder.heartbeat() == []  # no event may come before message_start
     encoder.start()
+    assert encoder.heartbeat() == []  # message_start waits for the prompt's split
+    encoder.feed(PromptSplit(Usage(10, 0)))
     assert [f.data for f in encoder.heartbeat()] == [heartbeat_delta()]
     encoder.feed(Finished(FinishReason.STOP, Usage(10, 0)))
     assert encoder.heartbeat() == []
