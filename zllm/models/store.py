@@ -127,7 +127,8 @@ class ModelStore:
         """The stored `name`, made again first when a built-in alias now makes it otherwise.
 
         The default model an older zllm stored as Q4_1 is re-encoded as F16 from its own stored file (offline,
-        seconds; aliases.py), swapped in like `pull --force`. Any other model is returned as it is.
+        about as long as the first pull's import; aliases.py), swapped in like `pull --force`. Any other model
+        is returned as it is.
         """
         progress = progress or NullProgress()
         model = self.get(name)

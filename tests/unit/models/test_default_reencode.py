@@ -23,7 +23,8 @@ from zllm.models.sources.wheel_mirror import WheelMirror
 def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
     import gguf
 
-    return {t.name: (t.tensor_type.name, bytes(np.asarray(t.data).view(np.uint8))) for t in gguf.GGUFReader(path).tensors}
+    reader = gguf.GGUFReader(path)
+    return {t.name: (t.tensor_type.name, bytes(np.asarray(t.data).view(np.uint8))) for t in reader.tensors}
 
 
 def _fields(path: Path) -> dict[str, object]:
