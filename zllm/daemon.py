@@ -19,7 +19,7 @@ from pathlib import Path
 
 from zllm import __version__
 from zllm.config import Settings, configured_api_keys, split_list
-from zllm.errors import ConfigError, ModelNotFound
+from zllm.errors import ConfigError, ModelNotFound, PullError
 from zllm.install_secrets import FILES as INSTALL_SECRET_FILES
 from zllm.install_secrets import load_install_secrets
 from zllm.private_files import private_dir, set_private_umask, tighten, tighten_tree
@@ -76,11 +76,23 @@ def resolve_model(settings: Settings, progress=None) -> Served:
 
     store = ModelStore(settings.models_dir)
     if store.has(settings.model):
-        stored = store.get(settings.model)
+        stored = _refreshed(store, settings.model, progress)
     else:
         log.info("model %s is not in the store; pulling it", settings.model)
         stored = store.pull(settings.model, progress=progress)
     return Served(name=stored.name, path=stored.path, created=int(stored.manifest.added_at))
+
+
+def _refreshed(store, name: str, progress):
+    """The stored model, upgraded first when it is the default as an older zllm stored it (store.refresh):
+    the upgrade is offline; should it fail anyway, the old model is served and the log says so."""
+    if reason := store.outdated(name):
+        log.info("%s", reason)
+    try:
+        return store.refresh(name, progress=progress)
+    except PullError as exc:
+        log.warning("%s: could not upgrade it (%s); serving it as it is stored", name, exc.message)
+        return store.get(name)
 
 
 def model_library(settings: Settings):

