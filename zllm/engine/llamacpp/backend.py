@@ -57,6 +57,7 @@ class ContextSettings:
     ubatch: int = 512  # tokens per compute graph inside a decode (llama.cpp's n_ubatch)
     gpu_layers: int = -1  # layers offloaded to a GPU build (-1 = all); ignored by the CPU build
     flash_attention: int = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+    kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
@@ -99,6 +100,7 @@ class LlamaCppEngine:
         threads = settings.threads or _cores()
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = settings.flash_attention
+        params.type_k = params.type_v = settings.kv_type
         params.no_perf = True
         return params
 
