@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 
-FA_AUTO, FA_OFF, FA_ON = lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED, lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+FA_AUTO, FA_OFF = lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+FA_ON = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
 F16, Q8_0 = lc.GGML_TYPE_F16, lc.GGML_TYPE_Q8_0
 CONFIGS = {  # name: (flash attention, KV type, ubatch)
     "base": (FA_AUTO, F16, 512),  # what zllm ran before issue 22

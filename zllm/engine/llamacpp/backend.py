@@ -49,6 +49,26 @@ class LlamaSequence:
 
 
 @dataclass(frozen=True)
+class Attention:
+    flash_attention: int
+    kv_type: int
+
+
+# Answers that do not depend on the cache's state (issue 22; bench/cache_exactness.py measures it). llama.cpp's
+# CPU attention over F16 cells picks a kernel by shape: a tiled one for >= 64 query rows (64-cell KV tiles at
+# absolute cell indices: sums grouped by where a sequence's cells sit in the pool), a KV-split one for a single
+# query row (split by thread at n_kv / threads: n_kv is padded to the pool's highest used cell), else the
+# per-cell one; without flash attention, softmax and KQV reduce over n_kv in SIMD lanes by cell index. So a
+# cold prefill, one beside another sequence, and a continuation after a hit or an SSD restore differ (by up
+# to ~1 logit on the default model). Over Q8_0 cells llama.cpp takes the per-cell flash-attention kernel for
+# every shape: it walks the sequence's own cells in order and skips masked ones, so placement, padding,
+# neighbours, ubatch size and threads leave the result unchanged; and KV memory is 34/64 of F16's.
+EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
+FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
+KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
+
+
+@dataclass(frozen=True)
 class ContextSettings:
     cells: int  # KV cells in the unified pool: every running row and every kept entry share them
     max_sequences: int = 64  # llama.cpp allows up to 256 (LLAMA_MAX_SEQ)
@@ -105,8 +125,8 @@ class LlamaCppEngine:
         return params
 
     @staticmethod
-    def estimate_bytes_per_token(gguf_path: str) -> int:
-        """f16 K and V per layer per token, from the model's shape (before a context exists to measure)."""
+    def estimate_bytes_per_token(gguf_path: str, kv_type: int = lc.GGML_TYPE_F16) -> int:
+        """K and V of `kv_type` per layer per token, from the model's shape (before a context exists to measure)."""
         lc.llama_backend_init()
         params = lc.llama_model_default_params()
         params.vocab_only = True
@@ -114,7 +134,8 @@ class LlamaCppEngine:
         try:
             heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
             head_dim = lc.llama_model_n_embd(model) // max(heads, 1)
-            return max(2 * 2 * lc.llama_model_n_layer(model) * kv_heads * head_dim, 1)
+            num, den = KV_TYPE_BYTES[kv_type]
+            return max(2 * lc.llama_model_n_layer(model) * kv_heads * head_dim * num // den, 1)
         finally:
             lc.llama_model_free(model)
 
