@@ -127,17 +127,15 @@ class LlamaCppEngine:
     @staticmethod
     def estimate_bytes_per_token(gguf_path: str, kv_type: int = lc.GGML_TYPE_F16) -> int:
         """K and V of `kv_type` per layer per token, from the model's shape (before a context exists to measure)."""
-        lc.llama_backend_init()
-        params = lc.llama_model_default_params()
-        params.vocab_only = True
-        model = lc.llama_model_load_from_file(gguf_path.encode(), params)
-        try:
-            heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
-            head_dim = lc.llama_model_n_embd(model) // max(heads, 1)
-            num, den = KV_TYPE_BYTES[kv_type]
-            return max(2 * lc.llama_model_n_layer(model) * kv_heads * head_dim * num // den, 1)
-        finally:
-            lc.llama_model_free(model)
+        layers, kv_heads, head_dim = _kv_shape(gguf_path)
+        num, den = KV_TYPE_BYTES[kv_type]
+        return max(2 * layers * kv_heads * head_dim * num // den, 1)
+
+    @staticmethod
+    def exact_attention_fits(gguf_path: str) -> bool:
+        """Whether EXACT_ATTENTION's Q8_0 cells can hold this model's heads (a Q8_0 row is 32-element blocks;
+        tiny test models have 16-wide heads)."""
+        return _kv_shape(gguf_path)[2] % 32 == 0
 
     def close(self) -> None:
         if self.ctx:
@@ -311,6 +309,19 @@ def read_quantization(engine: LlamaCppEngine) -> str:
         return gguf.LlamaFileType(int(buf.value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return "unknown"
+
+
+def _kv_shape(gguf_path: str) -> tuple[int, int, int]:
+    """(layers, KV heads, head width) from the GGUF's metadata (a vocab-only load: no weights read)."""
+    lc.llama_backend_init()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(gguf_path.encode(), params)
+    try:
+        heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
+        return lc.llama_model_n_layer(model), kv_heads, lc.llama_model_n_embd(model) // max(heads, 1)
+    finally:
+        lc.llama_model_free(model)
 
 
 def _cores() -> int:

@@ -41,7 +41,8 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
     window = _context_length(config, context_length)
-    attention = EXACT_ATTENTION if exact_cache else FAST_ATTENTION
+    exact = exact_cache and LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
+    attention = EXACT_ATTENTION if exact else FAST_ATTENTION
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
         max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
