@@ -1,7 +1,7 @@
 """Does a cached prefix answer like a cold prefill on llama.cpp? Engine-level experiments (issue 22).
 
     .venv/bin/python bench/cache_exactness.py [MODEL_DIR or GGUF] [--threads 1] [--configs base,fa_off,...]
-        [--prompt-tokens 1500] [--new-tokens 16] [--other-tokens 900]
+        [--prompt-tokens 1500] [--new-tokens 16] [--other-tokens 900] [--cost --rounds 3]
 
 For each llama.cpp context configuration (--configs; CONFIGS below), on the same model and the same tokens,
 one JSON line per scenario, each compared with `cold` (the same tokens prefilled in a fresh context, alone):
@@ -175,6 +175,33 @@ class Experiment:
         return {"prompt_tokens": [len(turn1), len(turn2)], **figures, **self.cost}
 
 
+def cost(gguf: str, configs: list[str], args) -> None:
+    """Prefill and decode tok/s per configuration, interleaved per round (machine noise hits them alike), best
+    of --rounds; and the KV bytes a token takes (the cache's capacity per MB)."""
+    best: dict[str, dict] = {c: {"prefill_tok_s": 0.0, "decode_tok_s": 0.0} for c in configs}
+    for _ in range(args.rounds):
+        for config in configs:
+            experiment = Experiment(gguf, config, args.threads, args)
+            engine = experiment.engine()
+            try:
+                ids = tokenize(engine, chat_text(args.prompt_tokens))
+                seq = engine.open()
+                t0 = time.perf_counter()
+                logits = prefill(engine, seq, ids)
+                t1 = time.perf_counter()
+                greedy(engine, seq, logits, args.new_tokens)
+                t2 = time.perf_counter()
+                figures = best[config]
+                figures["prefill_tok_s"] = max(figures["prefill_tok_s"], round(len(ids) / (t1 - t0), 1))
+                figures["decode_tok_s"] = max(figures["decode_tok_s"], round((args.new_tokens - 1) / (t2 - t1), 1))
+                figures["kv_bytes_per_token"] = engine.bytes_per_token
+                figures["prompt_tokens"] = len(ids)
+            finally:
+                engine.close()
+    for config, figures in best.items():
+        print(json.dumps({"model": Path(gguf).name, "config": config, "threads": args.threads, "cost": figures}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="a GGUF file or a zllm model directory holding model.gguf")
@@ -183,8 +210,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1500)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--other-tokens", type=int, default=900)
+    parser.add_argument("--cost", action="store_true", help="only prefill/decode tok/s and KV bytes per token")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     gguf = args.model / "model.gguf" if args.model.is_dir() else args.model
+    if args.cost:
+        return cost(str(gguf), args.configs.split(","), args)
     for config in args.configs.split(","):
         t0 = time.perf_counter()
         figures = Experiment(str(gguf), config, args.threads, args).run()

@@ -135,7 +135,10 @@ class LlamaCppEngine:
     def exact_attention_fits(gguf_path: str) -> bool:
         """Whether EXACT_ATTENTION's Q8_0 cells can hold this model's heads (a Q8_0 row is 32-element blocks;
         tiny test models have 16-wide heads)."""
-        return _kv_shape(gguf_path)[2] % 32 == 0
+        try:
+            return _kv_shape(gguf_path)[2] % 32 == 0
+        except ValueError:  # a shape key written per layer (an array): keep llama.cpp's default cells
+            return False
 
     def close(self) -> None:
         if self.ctx:
@@ -312,16 +315,27 @@ def read_quantization(engine: LlamaCppEngine) -> str:
 
 
 def _kv_shape(gguf_path: str) -> tuple[int, int, int]:
-    """(layers, KV heads, head width) from the GGUF's metadata (a vocab-only load: no weights read)."""
+    """(layers, KV heads, head width) from the GGUF's metadata (a vocab-only load: no weights read, and no
+    per-layer shapes either: llama_model_n_head aborts on such a model, so the keys are read as written)."""
     lc.llama_backend_init()
     params = lc.llama_model_default_params()
     params.vocab_only = True
     model = lc.llama_model_load_from_file(gguf_path.encode(), params)
+    if not model:
+        raise EngineFailure(f"llama.cpp could not read {gguf_path}")
     try:
-        heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
-        return lc.llama_model_n_layer(model), kv_heads, lc.llama_model_n_embd(model) // max(heads, 1)
+        arch = _meta(model, "general.architecture")
+        heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
+        kv_heads = int(_meta(model, f"{arch}.attention.head_count_kv") or heads)
+        width = _meta(model, f"{arch}.attention.key_length") or int(_meta(model, f"{arch}.embedding_length")) // heads
+        return int(_meta(model, f"{arch}.block_count")), kv_heads, int(width)
     finally:
         lc.llama_model_free(model)
+
+
+def _meta(model, key: str) -> str:
+    buf = ctypes.create_string_buffer(256)
+    return buf.value.decode() if lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) >= 0 else ""
 
 
 def _cores() -> int:
