@@ -10,6 +10,9 @@ one JSON line per scenario, each compared with `cold` (the same tokens prefilled
 - hit_same: a device-tier hit on the same prompt (the runtime's repeat: share all but the last token, feed it)
 - hit_turn2: a device-tier hit on turn 2 of a conversation: turn 1's prompt and its greedy answer are kept (the
   answer's KV made by one-token decode steps), turn 2 shares them and prefills only its new message
+- hit_turn2_after_hole: hit_turn2 again after the other sequence (placed first) is released: the new cells
+  land in the hole before the kept ones (llama.cpp's find_slot restarts at cell 0 when the space before its head
+  is large), so the sequence's cells are no longer in position order
 - ssd_turn2: the same kept sequence exported (llama_state_seq_get_data), loaded into a fresh context that holds
   another sequence, and continued like hit_turn2
 
@@ -149,7 +152,7 @@ class Experiment:
         figures["cold_beside"] = compare(cold1, self.cold(turn1, beside=True))
         engine = self.engine()
         try:
-            self.with_other(engine)
+            other = self.with_other(engine)
             first = engine.open()
             answer, _ = greedy(engine, first, prefill(engine, first, turn1), n)  # KV: turn1 + answer[:-1]
             hit = engine.share(first, len(turn1) - 1)
@@ -161,10 +164,15 @@ class Experiment:
             saved = bytes(engine.export_state(first))
             hit = engine.share(first, kept)
             hit2 = greedy(engine, hit, prefill(engine, hit, turn2[kept:]), n)
+            engine.release(hit)
+            engine.release(other)  # a hole before the kept cells: llama.cpp refills from cell 0 when it is big
+            hole = engine.share(first, kept)
+            hole2 = greedy(engine, hole, prefill(engine, hole, turn2[kept:]), n)
         finally:
             engine.close()
         cold2 = self.cold(turn2, timed=True)
         figures["hit_turn2"] = compare(cold2, hit2)
+        figures["hit_turn2_after_hole"] = compare(cold2, hole2)
         engine = self.engine()
         try:
             self.with_other(engine)
