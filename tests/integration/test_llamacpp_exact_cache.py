@@ -8,6 +8,7 @@ and after a restart both again from the SSD tier. bench/cache_exactness.py measu
 
 from __future__ import annotations
 
+import numpy as np
 import openai
 import pytest
 
@@ -84,3 +85,55 @@ def test_cold_device_hit_and_ssd_hit_answer_alike(tmp_path) -> None:
         assert daemon.control().cache_stats()["ssd_hits"] >= len(probes)
     finally:
         assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_logits_do_not_depend_on_placement_or_hits_in_the_engine(exact: bool) -> None:
+    """The same tokens' logits, engine alone: cold alone, cold with another sequence's cells before it, and a
+    continuation of a kept prefix (shared with seq_cp, and exported + imported like the SSD tier) are equal
+    bit for bit under EXACT_ATTENTION; under FAST_ATTENTION (F16 cells, llama.cpp's tiled kernel) they are not,
+    which is what this test would miss if the exact configuration stopped being used."""
+    from tests.support.default_gguf import default_gguf_file
+    from zllm.engine.contract import Row
+    from zllm.engine.llamacpp.backend import EXACT_ATTENTION, FAST_ATTENTION, ContextSettings, LlamaCppEngine
+
+    attention = EXACT_ATTENTION if exact else FAST_ATTENTION
+    settings = ContextSettings(cells=4096, threads=1, flash_attention=attention.flash_attention,
+                               kv_type=attention.kv_type)
+    gguf = str(default_gguf_file())
+    ids = [(7 * i + 3) % 30000 + 100 for i in range(300)]
+    other = [(11 * i + 5) % 30000 + 100 for i in range(333)]
+
+    def run(engine, seq, tokens):
+        logits = None
+        for start in range(0, len(tokens), 128):
+            (logits,) = engine.step([Row(seq, tokens[start:start + 128])])
+        return logits
+
+    engine = LlamaCppEngine(gguf, settings)
+    try:
+        cold = run(engine, engine.open(), ids)
+    finally:
+        engine.close()
+    engine = LlamaCppEngine(gguf, settings)
+    try:
+        run(engine, engine.open(), other)  # its cells come first: ours start at cell 333
+        first = engine.open()
+        beside = run(engine, first, ids)
+        hit = run(engine, engine.share(first, 200), ids[200:])
+        saved = bytearray(engine.export_state(first))
+    finally:
+        engine.close()
+    engine = LlamaCppEngine(gguf, settings)
+    try:
+        run(engine, engine.open(), other[:77])
+        more = ids[-2:]  # 2 rows, not 1: an F16 model's matmul takes another kernel for a 1-row batch (README)
+        restored = run(engine, engine.import_state(saved, len(ids)), more)
+        again = run(engine, engine.open(), ids + more)
+    finally:
+        engine.close()
+    gaps = [float(np.max(np.abs(a - b))) for a, b in ((cold, beside), (cold, hit), (restored, again))]
+    if exact:
+        assert gaps == [0.0, 0.0, 0.0]
+    else:
+        assert max(gaps) > 0.01, gaps
