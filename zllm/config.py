@@ -125,6 +125,10 @@ class Settings:
     ssd_cache_mb: int = 0
     # sequences shorter than this are not written to the SSD tier
     ssd_min_tokens: int = 256
+    # llama.cpp: a cached prefix (device tier or SSD) answers bit for bit like a cold prefill, whatever else is in
+    # the cache (Q8_0 KV cells read by flash attention's per-cell kernel); off = F16 cells and the tiled kernel,
+    # faster long prefill, but logits then depend on where a sequence's cells sit in the pool (README)
+    exact_cache: bool = True
 
     @property
     def models_dir(self) -> Path:

@@ -167,7 +167,8 @@ class LocalEngineClient:
         model_dir = Path(model_dir)
         loaded = load_for_backend(model_dir, backend=settings.backend, device=settings.device, dtype=settings.dtype,
                                   threads=settings.threads, context_length=settings.context_length,
-                                  cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch)
+                                  cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
+                                  exact_cache=settings.exact_cache)
         draft = None
         if settings.draft_model:
             from zllm.runtime.draft_model import load_draft_model

@@ -131,3 +131,12 @@ def test_full_prefill_in_one_batch_is_within_llama_cpp_tolerance(engine) -> None
     assert np.abs(whole - chunked).max() <= SPLIT_TOLERANCE * np.abs(whole).max()
     engine.release(one)
     engine.release(split)
+
+
+def test_kv_bytes_are_estimated_from_the_gguf_without_loading_weights(tiny_gguf_path, engine) -> None:
+    """The estimate behind --cache-budget-mb: it used llama_model_n_head on a vocab-only load, which aborts the
+    process; it reads the metadata now, and agrees with what a context measures (F16 cells)."""
+    path = str(tiny_gguf_path("llama-bpe"))
+    estimate = LlamaCppEngine.estimate_bytes_per_token(path)
+    assert estimate <= engine.bytes_per_token <= estimate + 16  # the state also holds a cell's position and ids
+    assert not LlamaCppEngine.exact_attention_fits(path)  # 16-wide heads: Q8_0 rows are 32-element blocks

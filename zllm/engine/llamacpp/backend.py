@@ -49,6 +49,26 @@ class LlamaSequence:
 
 
 @dataclass(frozen=True)
+class Attention:
+    flash_attention: int
+    kv_type: int
+
+
+# Answers that do not depend on the cache's state (issue 22; bench/cache_exactness.py measures it). llama.cpp's
+# CPU attention over F16 cells picks a kernel by shape: a tiled one for >= 64 query rows (64-cell KV tiles at
+# absolute cell indices: sums grouped by where a sequence's cells sit in the pool), a KV-split one for a single
+# query row (split by thread at n_kv / threads: n_kv is padded to the pool's highest used cell), else the
+# per-cell one; without flash attention, softmax and KQV reduce over n_kv in SIMD lanes by cell index. So a
+# cold prefill, one beside another sequence, and a continuation after a hit or an SSD restore differ (by up
+# to ~1 logit on the default model). Over Q8_0 cells llama.cpp takes the per-cell flash-attention kernel for
+# every shape: it walks the sequence's own cells in order and skips masked ones, so placement, padding,
+# neighbours, ubatch size and threads leave the result unchanged; and KV memory is 34/64 of F16's.
+EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
+FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
+KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
+
+
+@dataclass(frozen=True)
 class ContextSettings:
     cells: int  # KV cells in the unified pool: every running row and every kept entry share them
     max_sequences: int = 64  # llama.cpp allows up to 256 (LLAMA_MAX_SEQ)
@@ -57,6 +77,7 @@ class ContextSettings:
     ubatch: int = 512  # tokens per compute graph inside a decode (llama.cpp's n_ubatch)
     gpu_layers: int = -1  # layers offloaded to a GPU build (-1 = all); ignored by the CPU build
     flash_attention: int = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+    kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
@@ -99,22 +120,25 @@ class LlamaCppEngine:
         threads = settings.threads or _cores()
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = settings.flash_attention
+        params.type_k = params.type_v = settings.kv_type
         params.no_perf = True
         return params
 
     @staticmethod
-    def estimate_bytes_per_token(gguf_path: str) -> int:
-        """f16 K and V per layer per token, from the model's shape (before a context exists to measure)."""
-        lc.llama_backend_init()
-        params = lc.llama_model_default_params()
-        params.vocab_only = True
-        model = lc.llama_model_load_from_file(gguf_path.encode(), params)
+    def estimate_bytes_per_token(gguf_path: str, kv_type: int = lc.GGML_TYPE_F16) -> int:
+        """K and V of `kv_type` per layer per token, from the model's shape (before a context exists to measure)."""
+        layers, kv_heads, head_dim = _kv_shape(gguf_path)
+        num, den = KV_TYPE_BYTES[kv_type]
+        return max(2 * layers * kv_heads * head_dim * num // den, 1)
+
+    @staticmethod
+    def exact_attention_fits(gguf_path: str) -> bool:
+        """Whether EXACT_ATTENTION's Q8_0 cells can hold this model's heads (a Q8_0 row is 32-element blocks;
+        tiny test models have 16-wide heads)."""
         try:
-            heads, kv_heads = lc.llama_model_n_head(model), lc.llama_model_n_head_kv(model)
-            head_dim = lc.llama_model_n_embd(model) // max(heads, 1)
-            return max(2 * 2 * lc.llama_model_n_layer(model) * kv_heads * head_dim, 1)
-        finally:
-            lc.llama_model_free(model)
+            return _kv_shape(gguf_path)[2] % 32 == 0
+        except ValueError:  # a shape key written per layer (an array): keep llama.cpp's default cells
+            return False
 
     def close(self) -> None:
         if self.ctx:
@@ -288,6 +312,30 @@ def read_quantization(engine: LlamaCppEngine) -> str:
         return gguf.LlamaFileType(int(buf.value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return "unknown"
+
+
+def _kv_shape(gguf_path: str) -> tuple[int, int, int]:
+    """(layers, KV heads, head width) from the GGUF's metadata (a vocab-only load: no weights read, and no
+    per-layer shapes either: llama_model_n_head aborts on such a model, so the keys are read as written)."""
+    lc.llama_backend_init()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(gguf_path.encode(), params)
+    if not model:
+        raise EngineFailure(f"llama.cpp could not read {gguf_path}")
+    try:
+        arch = _meta(model, "general.architecture")
+        heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
+        kv_heads = int(_meta(model, f"{arch}.attention.head_count_kv") or heads)
+        width = _meta(model, f"{arch}.attention.key_length") or int(_meta(model, f"{arch}.embedding_length")) // heads
+        return int(_meta(model, f"{arch}.block_count")), kv_heads, int(width)
+    finally:
+        lc.llama_model_free(model)
+
+
+def _meta(model, key: str) -> str:
+    buf = ctypes.create_string_buffer(256)
+    return buf.value.decode() if lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) >= 0 else ""
 
 
 def _cores() -> int:

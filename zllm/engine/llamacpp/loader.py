@@ -8,6 +8,10 @@
 
 Nothing here imports torch or transformers (a test loads a model in a fresh process and checks sys.modules).
 
+`exact_cache` (the setting) picks the pool's cell type and attention kernel: backend.EXACT_ATTENTION, where a
+cached prefix answers bit for bit like a cold prefill, or backend.FAST_ATTENTION (F16 cells, llama.cpp's own
+choice of kernel).
+
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
 """
@@ -17,7 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine, read_quantization
+from zllm.engine.llamacpp.backend import (EXACT_ATTENTION, FAST_ATTENTION, ContextSettings, LlamaCppEngine,
+                                          read_quantization)
 from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
 from zllm.errors import ConfigError
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
@@ -28,7 +33,7 @@ MIN_CELLS, MAX_CELLS = 8192, 65536
 
 def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
-                    gpu_layers: int = -1) -> LoadedModel:
+                    gpu_layers: int = -1, exact_cache: bool = True) -> LoadedModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
@@ -36,18 +41,21 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
     window = _context_length(config, context_length)
+    exact = exact_cache and LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
+    attention = EXACT_ATTENTION if exact else FAST_ATTENTION
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
-        cells=_cells(window, cache_budget_mb, gguf), max_sequences=min(256, max(64, 4 * max_batch)),
-        threads=threads, ubatch=ubatch, gpu_layers=gpu_layers))
+        cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
+        max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
+        flash_attention=attention.flash_attention, kv_type=attention.kv_type))
     return LoadedModel(path=path, model=None, tokenizer=tokenizer, device="cpu",
                        dtype=read_quantization(engine), context_length=window, threads=threads,
                        backend="llamacpp", backend_reason=reason, engine=engine, model_config=config,
                        generation_eos=_generation_eos(path))
 
 
-def _cells(window: int, cache_budget_mb: int, gguf: Path) -> int:
+def _cells(window: int, cache_budget_mb: int, gguf: Path, kv_type: int) -> int:
     if cache_budget_mb > 0:
-        per_token = LlamaCppEngine.estimate_bytes_per_token(str(gguf.resolve()))
+        per_token = LlamaCppEngine.estimate_bytes_per_token(str(gguf.resolve()), kv_type)
         return max(window, cache_budget_mb * MiB // per_token)
     return max(window, min(MAX_CELLS, max(MIN_CELLS, 2 * window)))
 
