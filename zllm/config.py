@@ -127,8 +127,9 @@ class Settings:
     ssd_min_tokens: int = 256
     # llama.cpp: a cached prefix (device tier or SSD) answers bit for bit like a cold prefill, whatever else is in
     # the cache (Q8_0 KV cells read by flash attention's per-cell kernel); off = F16 cells and the tiled kernel,
-    # faster long prefill, but logits then depend on where a sequence's cells sit in the pool (README)
-    exact_cache: bool = True
+    # but logits then depend on where a sequence's cells sit in the pool (README). Off by default: it halves
+    # long prefill, and on the F16 default model a hit still differs from cold (1-row vs sgemm kernels)
+    exact_cache: bool = False
 
     @property
     def models_dir(self) -> Path:

@@ -48,7 +48,7 @@ def turn2(messages: list[dict], answer: str) -> list[dict]:
 
 
 def serve(data_dir, env: dict) -> tuple[Daemon, openai.OpenAI]:
-    daemon = Daemon(data_dir, NAME, env={"ZLLM_THREADS": "1", **env}).wait_ready(timeout=180)
+    daemon = Daemon(data_dir, NAME, env={"ZLLM_THREADS": "1", "ZLLM_EXACT_CACHE": "true", **env}).wait_ready(timeout=180)
     return daemon, openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 

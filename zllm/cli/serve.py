@@ -36,7 +36,7 @@ def serve(
     cache_rounds: int = typer.Option(None, "--cache-rounds", help="Newest rounds of a conversation kept resident, 0 = no prefix cache. [env: ZLLM_CACHE_ROUNDS; default: 4]"),
     ssd_cache: bool = typer.Option(None, "--ssd-cache/--no-ssd-cache", help="Keep prefix cache snapshots on disk across restarts. [env: ZLLM_SSD_CACHE; default: on]"),
     ssd_cache_mb: int = typer.Option(None, "--ssd-cache-mb", help="Disk for prefix cache snapshots, 0 = min(10 GiB, half the free disk). [env: ZLLM_SSD_CACHE_MB]"),
-    exact_cache: bool = typer.Option(None, "--exact-cache/--no-exact-cache", help="llama.cpp: a cached prefix answers bit for bit like a cold prefill (Q8_0 KV cells, per-cell flash attention); off = F16 cells, faster long prefill, answers may depend on what else is cached. [env: ZLLM_EXACT_CACHE; default: on]"),
+    exact_cache: bool = typer.Option(None, "--exact-cache/--no-exact-cache", help="llama.cpp: a cached prefix answers bit for bit like a cold prefill (Q8_0 KV cells, per-cell flash attention); off = F16 cells, faster long prefill, answers may depend on what else is cached. [env: ZLLM_EXACT_CACHE; default: off]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
     speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
     draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
