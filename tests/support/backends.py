@@ -91,3 +91,37 @@ class scripted_steps:
 
     def __exit__(self, *exc):
         self.engine.step = self._original
+
+
+def tiny_qwen3_per_backend(context_length: int = 2048):
+    """A generator for a module-scoped fixture: yields `get(backend)`, the tiny qwen3 model loaded once per
+    backend, so every "daemon restart" of a test builds a new client (and cache stack) over the same weights.
+    The fence vocabulary (llguidance's view of the tokenizer, ~10 s here) is built once per tokenizer too: a
+    restart would rebuild the very same one, and such tests are about the cache.
+
+        @pytest.fixture(scope="module")
+        def served_models():
+            yield from tiny_qwen3_per_backend()
+    """
+    from zllm.runtime.fence_vocab import FenceVocab
+
+    models, vocabularies = {}, {}
+    build = FenceVocab.build
+
+    def build_once(tokenizer, **kwargs):
+        key = (id(tokenizer), kwargs["vocab_size"], kwargs["stop_token_ids"])
+        if key not in vocabularies:
+            vocabularies[key] = build(tokenizer, **kwargs)
+        return vocabularies[key]
+
+    def get(backend: str):
+        if backend not in models:
+            models[backend] = replace(load_tiny("qwen3", backend), context_length=context_length)
+        return models[backend]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FenceVocab, "build", build_once)
+        yield get
+    for loaded in models.values():
+        if loaded.engine is not None:
+            loaded.engine.close()

@@ -13,7 +13,6 @@ engine loop sees it before its next step. A small prefill chunk makes the prompt
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import sqlite3
 import threading
@@ -22,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.backends import BACKENDS, load_tiny
+from tests.support.backends import BACKENDS, tiny_qwen3_per_backend
 from tests.support.step_tap import StepTap, forced_opening
 from zllm.cache_views import Tier
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams
 from zllm.kvcache import CacheConfig
 from zllm.runtime import LocalEngineClient
-from zllm.runtime.fence_vocab import FenceVocab
 from zllm.runtime.scheduler import SchedulerConfig
 
 MODEL = "tiny"
@@ -41,28 +39,8 @@ ECHO = " beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omic
 
 @pytest.fixture(scope="module")
 def served_models():
-    """Per backend, the tiny model loaded once; a restart builds a new client (and cache stack) over it. The
-    fence vocabulary (~10 s) is built once per tokenizer: a restart would rebuild the very same one."""
-    models, vocabularies = {}, {}
-    build = FenceVocab.build
-
-    def build_once(tokenizer, **kwargs):
-        key = (id(tokenizer), kwargs["vocab_size"], kwargs["stop_token_ids"])
-        if key not in vocabularies:
-            vocabularies[key] = build(tokenizer, **kwargs)
-        return vocabularies[key]
-
-    def get(backend: str):
-        if backend not in models:
-            models[backend] = dataclasses.replace(load_tiny("qwen3", backend), context_length=2048)
-        return models[backend]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FenceVocab, "build", build_once)
-        yield get
-    for loaded in models.values():
-        if loaded.engine is not None:
-            loaded.engine.close()
+    """Per backend, the tiny model loaded once (tests/support/backends.py)."""
+    yield from tiny_qwen3_per_backend()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ report). A snapshot is only ever out of service, never deleted for damage: the b
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import sqlite3
@@ -22,11 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.backends import BACKENDS, load_tiny
+from tests.support.backends import BACKENDS, tiny_qwen3_per_backend
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams, TextDelta
 from zllm.kvcache import CacheConfig, ssd_index
 from zllm.runtime import LocalEngineClient
-from zllm.runtime.fence_vocab import FenceVocab
 
 MODEL = "tiny"
 # two conversations sharing no prefix worth a restore: the second's snapshot cannot stand in for the first's
@@ -118,30 +116,8 @@ CASES = [pytest.param(damage, backend, id=f"{damage}-{backend}", marks=marks)
 
 @pytest.fixture(scope="module")
 def served_models():
-    """Per backend, the tiny model loaded once; every restart builds a new client (and cache stack) over it.
-    The fence vocabulary (llguidance's view of the tokenizer, ~10 s here) is built once per tokenizer: a restart
-    would rebuild the very same one, and the cases are about the cache."""
-    models = {}
-    vocabularies = {}
-    build = FenceVocab.build
-
-    def build_once(tokenizer, **kwargs):
-        key = (id(tokenizer), kwargs["vocab_size"], kwargs["stop_token_ids"])
-        if key not in vocabularies:
-            vocabularies[key] = build(tokenizer, **kwargs)
-        return vocabularies[key]
-
-    def get(backend: str):
-        if backend not in models:
-            models[backend] = dataclasses.replace(load_tiny("qwen3", backend), context_length=2048)
-        return models[backend]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FenceVocab, "build", build_once)
-        yield get
-    for loaded in models.values():
-        if loaded.engine is not None:
-            loaded.engine.close()
+    """Per backend, the tiny model loaded once (tests/support/backends.py)."""
+    yield from tiny_qwen3_per_backend()
 
 
 @pytest.fixture
