@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import numpy as np
+
 from tests.support.speculation import force_rows
 from zllm.engine.contract import Row
 
@@ -81,3 +83,37 @@ def opened(tap: StepTap, client, request, text: str) -> forced_opening:
     token_ids = client.loaded.tokenizer.encode(text, add_special_tokens=False)
     prompt_length = asyncio.run(asyncio.wait_for(client.count_tokens(request), timeout=60))
     return forced_opening(tap, prompt_length, token_ids)
+
+
+class LogitMargins:
+    """Records, for each row of each step, the top `keep` logits of every position it decides, keyed by request
+    id and output index (`position + 1 - prompt length`), so a test can say how close the two candidates were
+    where two runs of the same request chose different tokens. `request_of(row)`: (request id, prompt length)."""
+
+    def __init__(self, tap: StepTap, request_of: Callable[[Row], tuple[str, int]], keep: int = 64):
+        self.tap, self.request_of, self.keep = tap, request_of, keep
+        self.top: dict[tuple[str, int], dict[int, float]] = {}
+
+    def _record(self, rows, lengths, outputs):
+        for row, held, logits in zip(rows, lengths, outputs):
+            request_id, prompt_length = self.request_of(row)
+            n = len(row.token_ids)
+            positions = range(held, held + n) if row.all_logits else [held + n - 1]
+            values = np.asarray(logits.float().cpu() if hasattr(logits, "cpu") else logits, dtype=np.float32)
+            for k, position in enumerate(positions):
+                line = values.reshape(len(positions), -1)[k]
+                best = np.argpartition(line, -self.keep)[-self.keep:]
+                self.top[(request_id, position + 1 - prompt_length)] = {int(t): float(line[t]) for t in best}
+        return outputs
+
+    def margin(self, request_id: str, index: int, chosen: int, other: int) -> float:
+        """How far `chosen` led `other` at output `index` (inf when `other` was not among the top)."""
+        top = self.top[(request_id, index)]
+        return top[chosen] - top[other] if other in top else float("inf")
+
+    def __enter__(self):
+        self.tap.listeners.append(self._record)
+        return self
+
+    def __exit__(self, *exc):
+        self.tap.listeners.remove(self._record)

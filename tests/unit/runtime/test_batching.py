@@ -23,7 +23,7 @@ import torch
 
 from tests.support.backends import BACKENDS, load_tiny
 from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, WEATHER, valid
-from tests.support.step_tap import StepTap, forced_opening
+from tests.support.step_tap import LogitMargins, StepTap, forced_opening
 from zllm.canonical import (
     ChatRequest,
     Finished,
@@ -497,6 +497,40 @@ def plain_alone(client: LocalEngineClient, request: ChatRequest) -> Outcome:
     return run(main())
 
 
+# llama.cpp's CPU kernels are not batch-invariant: a drafted run verified as one k-row step sums in another order
+# than k one-row decode steps (measured on this tiny F32 model: logits differ by 1.6e-4 to 5.5e-4 between 1-row,
+# 2-row and mixed splits of a 40-token prompt, flash attention or not; 4.4e-3 seen at a divergence in this test).
+# Where a random-weight model's two best tokens lie that close, the verified run may take the other one: allowed
+# there (each run's winner led by at most TIE_BOUND), and nowhere else. Issue 26 owns the fix.
+TIE_BOUND = 1e-2
+
+
+def row_request(client: LocalEngineClient) -> Callable:
+    """For LogitMargins: a row's request id and prompt length (engine thread, while the row runs)."""
+    def request_of(row) -> tuple[str, int]:
+        active = next(a for a in client.engine._rows if a.cache is row.seq)
+        return active.request.request_id, len(active.request.prompt_ids)
+    return request_of
+
+
+def diverged_at_ties(mixed: dict[str, list[int]], solo: dict[str, list[int]], margins: LogitMargins,
+                     mixed_margins: LogitMargins) -> set[str]:
+    """The requests whose mixed run left the solo run's tokens; each must have left at a near-tie (TIE_BOUND) of
+    both runs' logits, else the assertion fails."""
+    tied = set()
+    for request_id, tokens in solo.items():
+        other = mixed[request_id]
+        if other == tokens:
+            continue
+        index = next((i for i, (a, b) in enumerate(zip(tokens, other)) if a != b), None)
+        assert index is not None, (request_id, "same tokens, different length", tokens, other)
+        margin = margins.margin(request_id, index, tokens[index], other[index])
+        mixed_margin = mixed_margins.margin(request_id, index, other[index], tokens[index])
+        assert margin <= TIE_BOUND and mixed_margin <= TIE_BOUND, (request_id, index, margin, mixed_margin)
+        tied.add(request_id)
+    return tied
+
+
 def shared_steps(steps: Steps) -> int:
     """Steps in which a fenced and an unfenced speculating row each verified a draft while a plain row decoded:
     the speculating rows really ran together, beside plain ones, not one after another."""
@@ -535,12 +569,18 @@ def test_speculating_rows_fenced_and_not_beside_plain_rows_equal_each_alone(make
     # echoes give prompt lookup something to draft; a draft model drafts its own continuation, which they would
     # turn into rejections only
     with echoing(client, tap) if draft is None else nullcontext():
-        solo = [plain_alone(client, request) for request in requests]
+        with LogitMargins(tap, row_request(client)) as margins:
+            solo = [plain_alone(client, request) for request in requests]
         solo_tokens = dict(generated.tokens)
         steps = Steps(client, hold=True)
-        outcomes = run(mixed(client, SELF_DRAFT if draft is not None else LOOKUP, steps))
-    assert outcomes == solo
-    assert {request.id: generated.tokens[request.id] for request in requests} == solo_tokens
+        with LogitMargins(tap, row_request(client)) as mixed_margins:
+            outcomes = run(mixed(client, SELF_DRAFT if draft is not None else LOOKUP, steps))
+    mixed_tokens = {request.id: generated.tokens[request.id] for request in requests}
+    tied = diverged_at_ties(mixed_tokens, solo_tokens, margins, mixed_margins) if backend == "llamacpp" else set()
+    assert [o for o, r in zip(outcomes, requests) if r.id not in tied] == \
+        [s for s, r in zip(solo, requests) if r.id not in tied]
+    assert {rid: tokens for rid, tokens in mixed_tokens.items() if rid not in tied} == \
+        {rid: tokens for rid, tokens in solo_tokens.items() if rid not in tied}
     assert max(steps.running) == len(requests)
     assert shared_steps(steps) >= 3, steps.fed
     assert_speculated(finishes.reports)

@@ -18,9 +18,10 @@ from zllm.api import create_app
 from zllm.api.openai_responses.context import IN_FLIGHT
 
 WORD_DELAY_S = 0.02
-# 10 s of words unless cancelled: a response that ends within PROMPT_S was cut short by the cancel
+# 10 s of words unless cancelled: a response that ends within PROMPT_S was cut short by the cancel (5 s: a
+# loaded 2-core CI machine took over 2 s to carry the cancel over two SDK clients)
 ENDLESS = text_events(*["word "] * 500)
-PROMPT_S = 2.0
+PROMPT_S = 5.0
 TERMINAL_TYPES = ("response.completed", "response.incomplete", "response.failed")
 
 
