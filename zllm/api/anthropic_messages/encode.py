@@ -131,14 +131,17 @@ class _OpenBlock:
 class MessagesStreamEncoder:
     """One streaming request's state machine: canonical events in, `SseMessage` frames out."""
 
-    def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None):
+    def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None,
+                 context_management: dict | None = None):
         """`extra`: more fields of the message object, as `message_start` (and so the non-streaming answer)
         carries them: `{"diagnostics": …}` (api/cache_diagnostics.py). `prompt_tokens`: the whole prompt,
-        reported as input only by a stream whose first event is not its PromptSplit."""
+        reported as input only by a stream whose first event is not its PromptSplit. `context_management`:
+        the applied edits, which Anthropic sends on the last `message_delta` (context_management.py)."""
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.extra = extra or {}
+        self.context_management = context_management
         self._open: _OpenBlock | None = None
         self._next_index = 0
         self._started = False  # message_start went out
@@ -270,8 +273,7 @@ class MessagesStreamEncoder:
             return self.fail(finished_error(finished))
         delta = {"stop_reason": wire.STOP_REASONS[finished.reason],
                  "stop_sequence": finished.stop_sequence if finished.reason is FinishReason.STOP_SEQUENCE else None}
-        return [
-            *self._close(),
-            frame({"type": "message_delta", "delta": delta, "usage": delta_usage_body(finished.usage)}),
-            frame({"type": "message_stop"}),
-        ]
+        last_delta = {"type": "message_delta", "delta": delta, "usage": delta_usage_body(finished.usage)}
+        if self.context_management is not None:
+            last_delta["context_management"] = self.context_management
+        return [*self._close(), frame(last_delta), frame({"type": "message_stop"})]

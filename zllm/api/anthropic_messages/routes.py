@@ -22,6 +22,7 @@ from zllm.api.anthropic_messages.decode import (
     decode_count_tokens_request,
     decode_messages_request,
 )
+from zllm.api.anthropic_messages.context_management import applied_edits_body
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.anthropic_messages.prompt_split import split_first
@@ -29,6 +30,7 @@ from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, keep_alive_of
+from zllm.api.context_edits import ContextEdits, apply_context_edits
 from zllm.api.errors import anthropic_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
 from zllm.api.sse import stream_sse
@@ -44,7 +46,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     call = decode_messages_request(body, request_id=ids.request_id(), namespace=namespace)
     wants_diagnostics, previous_id = anthropic_previous_id(body)
     engine = engine_of(request)
-    stream = await engine.submit(call.request)
+    edited = await apply_context_edits(call.request, call.edits or ContextEdits(), engine)
+    stream = await engine.submit(edited.request)
     message_id, extra = new_message_id(), {}
     if wants_diagnostics:  # the message says why the cache could not reuse the previous one's prompt
         service = diagnostics_of(request)
@@ -52,7 +55,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                                         previous_id=previous_id) if service is not None else None)
         extra["diagnostics"] = anthropic_diagnostics(diagnosis)
     encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
-                                    prompt_tokens=stream.prompt_tokens, extra=extra)
+                                    prompt_tokens=stream.prompt_tokens, extra=extra,
+                                    context_management=(applied_edits_body(edited.applied)
+                                                        if call.edits is not None else None))
     split = split_first(stream)  # message_start waits for the prompt's cache split (encode.py)
     if call.stream:
         return await stream_sse(request, split, encoder, keep_alive=keep_alive_of(request))
