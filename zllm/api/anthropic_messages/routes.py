@@ -2,12 +2,15 @@
 
     POST /v1/messages               → SSE (`"stream": true`) or one `message` object (with `diagnostics`
                                       when the request sends `diagnostics`: api/cache_diagnostics.py)
-    POST /v1/messages/count_tokens  → {"input_tokens": 1234}
+    POST /v1/messages/count_tokens  → {"input_tokens": 1234} (+ `"context_management": {"original_input_tokens":
+                                      5678}` when the request sends edits: the count is of the edited prompt)
 
 Errors before the first event (bad request, unknown model, prompt too long, overloaded) are plain HTTP
 errors in Anthropic's shape, `{"type":"error","error":{"type":…,"message":…}}`: the engine raises them from
-`submit`, so no broken stream is ever started. count_tokens renders with the same renderer as generation
-(`engine.count_tokens`) and never queues behind generation, so Claude Code's burst of 26 stays cheap. It
+`submit`, so no broken stream is ever started. A request's `context_management` edits are applied to its
+conversation before it is submitted or counted (context_management.py). count_tokens renders with the same
+renderer as generation (`engine.count_tokens`) and never queues behind generation, so Claude Code's burst of
+26 stays cheap. It
 counts exactly any prompt tokenizing could find to fit; one whose length alone proves it over the window
 (prompt/length_bound.py) gets generation's 400, "prompt is too long: at least N tokens > M maximum": an
 exact count of a 50 MB body would take a minute and gigabytes, and tell the client nothing more.
@@ -22,7 +25,7 @@ from zllm.api.anthropic_messages.decode import (
     decode_count_tokens_request,
     decode_messages_request,
 )
-from zllm.api.anthropic_messages.context_management import applied_edits_body
+from zllm.api.anthropic_messages.context_management import applied_edits_body, decode_context_management
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
 from zllm.api.anthropic_messages.message import MessageBuilder
 from zllm.api.anthropic_messages.prompt_split import split_first
@@ -71,7 +74,14 @@ async def count_tokens(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     chat_request = decode_count_tokens_request(body, request_id=ids.request_id(),
                                                namespace=request_namespace(request))
-    return web.json_response({"input_tokens": await engine_of(request).count_tokens(chat_request)})
+    engine, edits = engine_of(request), decode_context_management(body)
+    if edits is None:
+        return web.json_response({"input_tokens": await engine.count_tokens(chat_request)})
+    # as Anthropic counts: the prompt the edits leave, and what it was before them
+    edited = await apply_context_edits(chat_request, edits, engine)
+    counted = await engine.count_tokens(edited.request)
+    original = await engine.count_tokens(chat_request) if edited.applied else counted
+    return web.json_response({"input_tokens": counted, "context_management": {"original_input_tokens": original}})
 
 
 def add_routes(app: web.Application) -> None:
