@@ -68,6 +68,8 @@ class MessageFold:
                 block["thinking"] += delta["thinking"]
             case "signature_delta":
                 block["signature"] = delta["signature"]
+            case "compaction_delta":
+                block["content"] = delta["content"]
             case "input_json_delta":
                 self._tool_json[index] = self._tool_json.get(index, "") + delta["partial_json"]
 

@@ -25,18 +25,19 @@ from zllm.api.anthropic_messages.decode import (
     decode_count_tokens_request,
     decode_messages_request,
 )
-from zllm.api.anthropic_messages.context_management import applied_edits_body, decode_context_management
+from zllm.api.anthropic_messages.compaction import edit_request
+from zllm.api.anthropic_messages.context_management import decode_context_management
 from zllm.api.anthropic_messages.encode import MessagesStreamEncoder, new_message_id
-from zllm.api.anthropic_messages.message import MessageBuilder
+from zllm.api.anthropic_messages.message import MessageBuilder, MessageFold
 from zllm.api.anthropic_messages.prompt_split import split_first
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, diagnostics_of
 from zllm.api.collect import run_to_finish
 from zllm.api.context import engine_of, keep_alive_of
-from zllm.api.context_edits import ContextEdits, apply_context_edits
+from zllm.api.context_edits import apply_context_edits
 from zllm.api.errors import anthropic_error_body, uses_error_shape
 from zllm.api.json_body import read_json_object
-from zllm.api.sse import stream_sse
+from zllm.api.sse import SseMessage, SseWriter, stream_sse
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -49,9 +50,15 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     call = decode_messages_request(body, request_id=ids.request_id(), namespace=namespace)
     wants_diagnostics, previous_id = anthropic_previous_id(body)
     engine = engine_of(request)
-    edited = await apply_context_edits(call.request, call.edits or ContextEdits(), engine)
-    stream = await engine.submit(edited.request)
+    edited = await edit_request(engine, call)  # context_management: cleared, or compacted (compaction.py)
     message_id, extra = new_message_id(), {}
+    compaction = edited.summary.text if edited.summary is not None else None
+    if edited.pause:  # the summary is the whole answer: nothing more to generate
+        encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
+                                        prompt_tokens=edited.summary.usage.prompt_tokens,
+                                        context_management=edited.context_management, compaction=compaction)
+        return await _answer_now(request, encoder.paused(edited.summary.usage), stream=call.stream)
+    stream = await engine.submit(edited.request)
     if wants_diagnostics:  # the message says why the cache could not reuse the previous one's prompt
         service = diagnostics_of(request)
         diagnosis = (await service.note(engine, stream, namespace=namespace, response_id=message_id,
@@ -59,14 +66,27 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         extra["diagnostics"] = anthropic_diagnostics(diagnosis)
     encoder = MessagesStreamEncoder(message_id=message_id, model=call.request.model,
                                     prompt_tokens=stream.prompt_tokens, extra=extra,
-                                    context_management=(applied_edits_body(edited.applied)
-                                                        if call.edits is not None else None))
+                                    context_management=edited.context_management, compaction=compaction)
     split = split_first(stream)  # message_start waits for the prompt's cache split (encode.py)
     if call.stream:
         return await stream_sse(request, split, encoder, keep_alive=keep_alive_of(request))
     builder = MessageBuilder(encoder)
     await run_to_finish(split, builder.feed)
     return web.json_response(builder.result())
+
+
+async def _answer_now(request: web.Request, frames: list[SseMessage], *, stream: bool) -> web.StreamResponse:
+    """An answer whose every frame is known already, streamed or folded into one message."""
+    if not stream:
+        fold = MessageFold()
+        for message in frames:
+            fold.apply(message)
+        return web.json_response(fold.result())
+    writer = SseWriter(request)
+    await writer.open()
+    await writer.send(frames)
+    await writer.close()
+    return writer.response
 
 
 @uses_error_shape(anthropic_error_body)

@@ -9,7 +9,7 @@ import json
 import anthropic
 import pytest
 
-from tests.support.fake_engine import FAKE_MODEL, FakeEngineClient
+from tests.support.fake_engine import FAKE_MODEL, FakeEngineClient, text_events
 from zllm.api.anthropic_messages.context_management import decode_context_management
 from zllm.api.context_edits import (
     ClearThinking,
@@ -20,6 +20,7 @@ from zllm.api.context_edits import (
     apply_context_edits,
 )
 from zllm.api.context_edits.tool_uses import CLEARED_INPUT, PLACEHOLDER
+from zllm.api.summary import SUMMARY_PROMPT, summary_message
 from zllm.canonical import ChatRequest, Message, ToolCall
 from zllm.errors import InvalidRequest
 
@@ -246,3 +247,63 @@ def test_a_bad_edit_is_a_400_in_anthropics_shape(claude):
     body = caught.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "keep.value" in body["error"]["message"]
+
+
+# -- compaction (compact_20260112): the served model's summary, the shared summariser --------------------------
+
+COMPACT = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 20}}]}
+LONG_TASK = [{"role": "user", "content": " ".join(["word"] * 40)}]
+
+
+def test_compaction_summarises_then_answers_from_the_summary(claude, engine):
+    engine.script(text_events("The user wants", " words.")).script(text_events("Done."))
+    message = claude.beta.messages.create(model=MODEL, max_tokens=16, system="Be brief.", messages=LONG_TASK,
+                                          context_management=COMPACT)
+    assert [(b.type, getattr(b, "content", None) or getattr(b, "text", None)) for b in message.content] == [
+        ("compaction", "The user wants words."), ("text", "Done.")]
+    summary_turn, answer_turn = engine.submitted
+    assert summary_turn.messages[-1] == Message("user", SUMMARY_PROMPT)  # the Responses compaction's summariser
+    assert answer_turn.messages == (Message("system", "Be brief."), summary_message("The user wants words."))
+    assert any(note.startswith("context edit:") and "compacted" in note for note in answer_turn.notes)
+
+
+def test_compaction_streams_its_block_first(claude, engine):
+    engine.script(text_events("SUM")).script(text_events("Done."))
+    events = list(claude.beta.messages.create(model=MODEL, max_tokens=16, messages=LONG_TASK, stream=True,
+                                              context_management=COMPACT))
+    starts = [(e.index, e.content_block.type) for e in events if e.type == "content_block_start"]
+    assert starts == [(0, "compaction"), (1, "text")]
+    assert [e.delta.content for e in events if e.type == "content_block_delta" and e.index == 0] == ["SUM"]
+
+
+def test_pause_after_compaction_answers_the_summary_alone(claude, engine):
+    engine.script(text_events("SUM"))
+    pause = {"edits": [{**COMPACT["edits"][0], "pause_after_compaction": True, "instructions": "Summarise."}]}
+    message = claude.beta.messages.create(model=MODEL, max_tokens=16, messages=LONG_TASK, context_management=pause)
+    assert ([b.type for b in message.content], message.content[0].content, message.stop_reason) == (
+        ["compaction"], "SUM", "compaction")
+    assert len(engine.submitted) == 1 and engine.submitted[0].messages[-1] == Message("user", "Summarise.")
+    events = list(claude.beta.messages.create(model=MODEL, max_tokens=16, messages=LONG_TASK, stream=True,
+                                              context_management=pause))
+    assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == ["compaction"]
+
+
+def test_below_the_trigger_nothing_is_compacted(claude, engine):
+    message = claude.beta.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}],
+                                          context_management=COMPACT)
+    assert [b.type for b in message.content] == ["text"] and len(engine.submitted) == 1
+
+
+def test_a_compaction_block_sent_back_drops_what_came_before_it(claude, engine):
+    messages = [*LONG_TASK,
+                {"role": "assistant", "content": [{"type": "text", "text": "dropped"},
+                                                  {"type": "compaction", "content": "SUM"},
+                                                  {"type": "text", "text": "Done."}]},
+                {"role": "user", "content": "next"}]
+    claude.beta.messages.create(model=MODEL, max_tokens=16, system="Be brief.", messages=messages)
+    assert engine.submitted[-1].messages == (Message("system", "Be brief."), summary_message("SUM"),
+                                             Message("assistant", "Done."), Message("user", "next"))
+    failed = [*LONG_TASK, {"role": "assistant", "content": [{"type": "compaction", "content": None},
+                                                            {"type": "text", "text": "Done."}]}]
+    claude.beta.messages.create(model=MODEL, max_tokens=16, messages=[*failed, {"role": "user", "content": "n"}])
+    assert engine.submitted[-1].messages[0] == Message("user", LONG_TASK[0]["content"])  # null content: a no-op
