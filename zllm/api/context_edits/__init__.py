@@ -49,7 +49,9 @@ class EditResult:
 
 
 async def apply_context_edits(request: ChatRequest, edits: ContextEdits, counter: TextCounter) -> EditResult:
-    clearing = [edit for edit in edits.edits if isinstance(edit, ClearToolUses | ClearThinking)]
+    # keep-all thinking (what Claude Code sends on every request) changes nothing: not worth weighing the prompt
+    clearing = [edit for edit in edits.edits
+                if isinstance(edit, ClearToolUses) or (isinstance(edit, ClearThinking) and edit.keep is not None)]
     if not clearing:
         return EditResult(request)
     sizes = await TokenSizes.measure(counter, request.messages, request.tools, extra=(PLACEHOLDER, CLEARED_INPUT))
