@@ -26,6 +26,7 @@ newly cleared message to the end: `Outcome.reprefill_tokens`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -55,21 +56,18 @@ class Outcome:
 
 
 def clear_tool_uses(messages: Sequence[Message], edit: ClearToolUses, sizes: TokenSizes) -> Outcome:
-    uses = find_tool_uses(messages)
-    candidates = [use for use in uses if use.name not in edit.exclude_tools]
-    savings = [_saving(messages, use, edit, sizes) for use in candidates]
-    weights = list(accumulate((sizes.message(message) for message in messages), initial=0))  # prefix sums
+    line = _Timeline(messages, edit, sizes)
     cleared, changed_from = 0, None
     for end in _prompt_ends(messages):
-        if not _triggered(edit, end, cleared, uses, candidates, savings, weights, sizes):
+        if not line.triggered(end, cleared):
             continue
-        available = _clearable(edit, end, uses, candidates)
-        if available > cleared and sum(savings[cleared:available]) >= edit.clear_at_least:
-            first = min(_first_changed(candidates[i], edit) for i in range(cleared, available))
+        available = line.clearable(end)
+        if available > cleared and line.freed(cleared, available) >= edit.clear_at_least:
+            first = min(_first_changed(line.candidates[i], edit) for i in range(cleared, available))
             cleared, changed_from = available, (first if end == len(messages) else None)
-    edited = _apply(messages, candidates[:cleared], edit)
+    edited = _apply(messages, line.candidates[:cleared], edit)
     reprefill = 0 if changed_from is None else sum(sizes.message(m) for m in edited[changed_from:])
-    return Outcome(edited, cleared, sum(savings[:cleared]), reprefill)
+    return Outcome(edited, cleared, line.freed(0, cleared), reprefill)
 
 
 def find_tool_uses(messages: Sequence[Message]) -> list[ToolUse]:
@@ -83,28 +81,42 @@ def _prompt_ends(messages: Sequence[Message]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.role == "assistant"] + [len(messages)]
 
 
-def _triggered(edit: ClearToolUses, end: int, cleared: int, uses: list[ToolUse], candidates: list[ToolUse],
-               savings: list[int], weights: list[int], sizes: TokenSizes) -> bool:
-    if edit.trigger.unit == INPUT_TOKENS:
-        # the cleared tool uses all lie before `end`: they were candidates of an earlier (or this) prompt
-        tokens = sizes.tools_tokens + weights[end] - sum(savings[:cleared])
-        return tokens > edit.trigger.value
-    return _made_before(uses, end) - cleared > edit.trigger.value
+class _Timeline:
+    """The conversation's tool uses and weights as prefix sums: each replayed turn's question in O(log n), so a
+    session of a thousand messages replays in milliseconds."""
 
+    def __init__(self, messages: Sequence[Message], edit: ClearToolUses, sizes: TokenSizes):
+        self.edit, self.tools_tokens = edit, sizes.tools_tokens
+        self.uses = find_tool_uses(messages)  # in conversation order
+        self.candidates = [use for use in self.uses if use.name not in edit.exclude_tools]
+        self._use_calls = [use.call_message for use in self.uses]
+        self._candidate_keys = [(use.call_message, use.call_position) for use in self.candidates]
+        self._weights = list(accumulate((sizes.message(m) for m in messages), initial=0))
+        self._savings = list(accumulate((_saving(messages, use, edit, sizes) for use in self.candidates),
+                                        initial=0))
 
-def _clearable(edit: ClearToolUses, end: int, uses: list[ToolUse], candidates: list[ToolUse]) -> int:
-    """How many candidates (oldest first) the prompt ending at `end` may clear: those older than its last `keep`
-    tool uses."""
-    protected_from = max(0, _made_before(uses, end) - edit.keep)
-    oldest_kept = uses[protected_from] if protected_from < len(uses) else None
-    if oldest_kept is None:
-        return len(candidates)
-    key = (oldest_kept.call_message, oldest_kept.call_position)
-    return sum(1 for use in candidates if (use.call_message, use.call_position) < key)
+    def freed(self, start: int, stop: int) -> int:
+        """Tokens freed by clearing candidates [start, stop)."""
+        return self._savings[stop] - self._savings[start]
 
+    def triggered(self, end: int, cleared: int) -> bool:
+        """Whether the prompt ending at `end`, with the first `cleared` candidates cleared, passes the trigger."""
+        if self.edit.trigger.unit == INPUT_TOKENS:
+            # the cleared tool uses all lie before `end`: they were candidates of an earlier (or this) prompt
+            return self.tools_tokens + self._weights[end] - self.freed(0, cleared) > self.edit.trigger.value
+        return self._made_before(end) - cleared > self.edit.trigger.value
 
-def _made_before(uses: list[ToolUse], end: int) -> int:
-    return sum(1 for use in uses if use.call_message < end)
+    def clearable(self, end: int) -> int:
+        """How many candidates (oldest first) the prompt ending at `end` may clear: those older than its last
+        `keep` tool uses."""
+        protected_from = max(0, self._made_before(end) - self.edit.keep)
+        if protected_from >= len(self.uses):
+            return len(self.candidates)
+        oldest_kept = self.uses[protected_from]
+        return bisect_left(self._candidate_keys, (oldest_kept.call_message, oldest_kept.call_position))
+
+    def _made_before(self, end: int) -> int:
+        return bisect_left(self._use_calls, end)
 
 
 def _first_changed(use: ToolUse, edit: ClearToolUses) -> int:
