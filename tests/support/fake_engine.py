@@ -138,6 +138,9 @@ class FakeEngineClient:
     async def count_tokens(self, request: ChatRequest) -> int:
         return self._count(request)
 
+    async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(text.split()) for text in texts]
+
     async def submit(self, request: ChatRequest) -> FakeRequestStream:
         self.submitted.append(request)
         if self._failures:

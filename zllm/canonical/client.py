@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,4 +55,9 @@ class EngineClient(Protocol):
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens `request` would use, rendered exactly as `submit` renders it."""
+        ...
+
+    async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens each text takes alone with the served model's tokenizer (no template, no special tokens):
+        what context editing weighs messages with (api/context_edits/sizes.py)."""
         ...

@@ -132,6 +132,8 @@ class ChatRequest:
     # reason before answering: True / False as the client asked, None = the model family's default
     thinking: bool | None = None
     response_format: ResponseFormat | None = None
+    # what the edge changed in the conversation before submitting it (context edits), for traces only
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.messages:

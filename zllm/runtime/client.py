@@ -15,7 +15,7 @@ refused before it is tokenized (prompt/length_bound.py). All torch work runs on 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -241,7 +241,7 @@ class LocalEngineClient:
             describe_position=position_describer(self.renderer, request),
             api=request.api,
             model=request.model,
-            notes=describe_busters(prompt.dropped, reported_busters(request.messages)),
+            notes=(*describe_busters(prompt.dropped, reported_busters(request.messages)), *request.notes),
             # the core owns each call's id (minted as the parser opens the call); APIs only spell it: api/call_ids.py
             parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                        new_call_id=new_tool_call_id),
@@ -259,6 +259,12 @@ class LocalEngineClient:
     async def count_tokens(self, request: ChatRequest) -> int:
         self._check_model(request.model)
         return len((await self._render(request)).token_ids)
+
+    async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
+        def count() -> list[int]:
+            return [len(self.renderer.tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+
+        return await asyncio.get_running_loop().run_in_executor(None, count)
 
     def diagnose_cache(self, previous: RequestFingerprint | None, current: RequestFingerprint, *,
                        compared_with: str) -> CacheDiagnosis:

@@ -23,7 +23,8 @@ are kept, not merged, exactly as OpenAI Chat keeps them: the chat template decid
 `tool_use.input` becomes `ToolCall.arguments` as compact JSON (`separators=(",", ":")`, non-ASCII kept),
 the form OpenAI Chat decoding gives a parsed-object `arguments`; templates re-serialize it anyway.
 Thinking blocks become the assistant's `reasoning` only when we signed them (signature.py); foreign ones and
-`redacted_thinking` are dropped. An errored tool result reads "Error: …"; a `tool_reference` block reads
+`redacted_thinking` are dropped. A `compaction` block (the summary a compact_20260112 edit wrote) drops every
+message and block before it: the conversation restarts from the system prompt and the summary. An errored tool result reads "Error: …"; a `tool_reference` block reads
 "Tool loaded: NAME" and loads that deferred tool (tools.py).
 """
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from zllm.api.anthropic_messages import wire
 from zllm.api.anthropic_messages.signature import is_own_thinking
 from zllm.api.fields import check_type, json_type_name, optional, required
+from zllm.api.summary import summary_message
 from zllm.canonical import Message, ToolCall
 from zllm.errors import InvalidRequest
 
@@ -49,6 +51,8 @@ class Conversation:
     call_names: dict[str, str] = field(default_factory=dict)
     # tools named by tool_reference blocks: deferred tools that the conversation has loaded
     referenced_tools: set[str] = field(default_factory=set)
+    # the newest compaction block: (index its assistant message gets in `messages`, the summary)
+    compaction: tuple[int, str] | None = None
 
 
 def decode_conversation(body: dict, model: str) -> Conversation:
@@ -61,7 +65,19 @@ def decode_conversation(body: dict, model: str) -> Conversation:
         raise InvalidRequest("`messages` must not be empty", param="messages")
     for i, item in enumerate(items):
         _decode_message(item, f"messages[{i}]", conversation)
+    if conversation.compaction is not None:
+        _drop_compacted(conversation, system_messages=0 if system is None else 1)
     return conversation
+
+
+def _drop_compacted(conversation: Conversation, *, system_messages: int) -> None:
+    """Everything before the newest compaction block goes, as Anthropic drops it: the system prompt, the summary
+    (as the Responses compaction shows it: api/summary.py), then what followed the block."""
+    at, summary = conversation.compaction
+    rest = conversation.messages[at:]
+    if rest and rest[0].role == "assistant" and not (rest[0].content or rest[0].tool_calls or rest[0].reasoning):
+        rest = rest[1:]  # the block was all that message said (a paused compaction)
+    conversation.messages[:] = [*conversation.messages[:system_messages], summary_message(summary), *rest]
 
 
 def _decode_system(raw: object) -> str | None:
@@ -171,6 +187,12 @@ def _decode_assistant(blocks: list[dict], param: str, conversation: Conversation
         kind = _block_type(block, block_param)
         if kind == wire.TEXT:
             texts.append(_text_block(block, block_param))
+        elif kind == wire.COMPACTION:
+            summary = optional(block, "content", "string", f"{block_param}.content")
+            if summary is not None:  # null content: a compaction that failed, a no-op
+                for dropped in (texts, reasoning, calls):  # what came before the summary goes
+                    dropped.clear()
+                conversation.compaction = (len(conversation.messages), summary)
         elif kind == wire.THINKING:
             reasoning.extend(_own_thinking(block, block_param, conversation.model))
         elif kind == wire.TOOL_USE:

@@ -12,7 +12,8 @@
 `max_tokens` is required, as Anthropic requires it; a value above the room left in the window is clamped by
 the engine (Claude Code always asks for 32000), never rejected. count_tokens bodies carry no `max_tokens`.
 `thinking` (enabled / adaptive / disabled) becomes the canonical reasoning switch; a model family that
-cannot reason ignores it.
+cannot reason ignores it. `context_management.edits` are decoded here and applied by the route, which needs
+the engine to weigh the conversation (context_management.py, api/context_edits).
 Validation errors are `InvalidRequest` naming the field; unknown fields and betas are ignored.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zllm.api.anthropic_messages.context_management import decode_context_management
 from zllm.api.anthropic_messages.conversation import decode_conversation
 from zllm.api.anthropic_messages.tools import (
     decode_tool_choice,
@@ -33,6 +35,7 @@ from zllm.api.fields import (
     required,
     sampling_fields,
 )
+from zllm.api.context_edits import ContextEdits
 from zllm.api.output_options import thinking_from_anthropic
 from zllm.canonical import ChatRequest, SamplingParams
 from zllm.errors import InvalidRequest
@@ -46,6 +49,8 @@ class MessagesCall:
 
     request: ChatRequest
     stream: bool
+    # `context_management.edits` (None: the field was not sent, and the answer carries no context_management)
+    edits: ContextEdits | None = None
 
 
 def decode_messages_request(body: dict, *, request_id: str, namespace: str) -> MessagesCall:
@@ -53,7 +58,8 @@ def decode_messages_request(body: dict, *, request_id: str, namespace: str) -> M
     if max_tokens < 1:
         raise InvalidRequest(f"`max_tokens` must be at least 1, got {max_tokens}", param="max_tokens")
     request = _decode_request(body, request_id=request_id, namespace=namespace, max_tokens=max_tokens)
-    return MessagesCall(request=request, stream=bool(optional(body, "stream", "boolean")))
+    return MessagesCall(request=request, stream=bool(optional(body, "stream", "boolean")),
+                        edits=decode_context_management(body))
 
 
 def decode_count_tokens_request(body: dict, *, request_id: str, namespace: str) -> ChatRequest:

@@ -131,16 +131,21 @@ class _OpenBlock:
 class MessagesStreamEncoder:
     """One streaming request's state machine: canonical events in, `SseMessage` frames out."""
 
-    def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None):
+    def __init__(self, *, message_id: str, model: str, prompt_tokens: int, extra: dict | None = None,
+                 context_management: dict | None = None, compaction: str | None = None):
         """`extra`: more fields of the message object, as `message_start` (and so the non-streaming answer)
         carries them: `{"diagnostics": …}` (api/cache_diagnostics.py). `prompt_tokens`: the whole prompt,
-        reported as input only by a stream whose first event is not its PromptSplit."""
+        reported as input only by a stream whose first event is not its PromptSplit. `context_management`:
+        the applied edits, which Anthropic sends on the last `message_delta` (context_management.py).
+        `compaction`: the summary a compaction wrote, sent whole as block 0 before what the model writes."""
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.extra = extra or {}
+        self.context_management = context_management
+        self.compaction = compaction
         self._open: _OpenBlock | None = None
-        self._next_index = 0
+        self._next_index = 0 if compaction is None else 1
         self._started = False  # message_start went out
         self._ended = False    # the last message_delta (or an error) went out: nothing may follow
 
@@ -155,7 +160,28 @@ class MessagesStreamEncoder:
             "usage": usage_body(replace(prompt, completion_tokens=0)),
             **self.extra,
         }
-        return [frame({"type": "message_start", "message": message}), frame({"type": "ping"})]
+        return [frame({"type": "message_start", "message": message}), frame({"type": "ping"}),
+                *self._compaction_block()]
+
+    def _compaction_block(self) -> list[SseMessage]:
+        """The summary as Anthropic streams a compaction block: one `compaction_delta` with all of it."""
+        if self.compaction is None:
+            return []
+        return [frame({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": wire.COMPACTION, "content": None}}),
+                self._delta_frame({"type": "compaction_delta", "content": self.compaction}, 0),
+                frame({"type": "content_block_stop", "index": 0})]
+
+    def paused(self, usage: Usage) -> list[SseMessage]:
+        """The whole answer of a compaction that pauses after the summary (`pause_after_compaction`): the
+        compaction block alone, stop reason "compaction"; `usage` is the summary's."""
+        self._ended = True
+        last_delta = {"type": "message_delta", "delta": {"stop_reason": wire.COMPACTION, "stop_sequence": None},
+                      "usage": delta_usage_body(usage)}
+        if self.context_management is not None:
+            last_delta["context_management"] = self.context_management
+        return [*self._message_start(replace(usage, completion_tokens=0)), frame(last_delta),
+                frame({"type": "message_stop"})]
 
     def heartbeat(self) -> list[SseMessage]:
         """What the pump sends while no event comes (see the module docstring); [] before message_start and
@@ -270,8 +296,7 @@ class MessagesStreamEncoder:
             return self.fail(finished_error(finished))
         delta = {"stop_reason": wire.STOP_REASONS[finished.reason],
                  "stop_sequence": finished.stop_sequence if finished.reason is FinishReason.STOP_SEQUENCE else None}
-        return [
-            *self._close(),
-            frame({"type": "message_delta", "delta": delta, "usage": delta_usage_body(finished.usage)}),
-            frame({"type": "message_stop"}),
-        ]
+        last_delta = {"type": "message_delta", "delta": delta, "usage": delta_usage_body(finished.usage)}
+        if self.context_management is not None:
+            last_delta["context_management"] = self.context_management
+        return [*self._close(), frame(last_delta), frame({"type": "message_stop"})]

@@ -56,6 +56,8 @@ class MessageFold:
                 self._message.update(data["delta"])
                 # field by field, as the SDK's stream helper merges: the delta adds the output to the start's split
                 self._message["usage"].update({k: v for k, v in data["usage"].items() if v is not None})
+                if "context_management" in data:
+                    self._message["context_management"] = data["context_management"]
 
     def _apply_delta(self, index: int, delta: dict) -> None:
         block = self._message["content"][index]
@@ -66,6 +68,8 @@ class MessageFold:
                 block["thinking"] += delta["thinking"]
             case "signature_delta":
                 block["signature"] = delta["signature"]
+            case "compaction_delta":
+                block["content"] = delta["content"]
             case "input_json_delta":
                 self._tool_json[index] = self._tool_json.get(index, "") + delta["partial_json"]
 

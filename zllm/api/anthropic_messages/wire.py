@@ -1,17 +1,18 @@
 """Anthropic Messages wire names: what `POST /v1/messages` accepts and what it answers with.
 
 Request fields decoded (decode.py, conversation.py, tools.py); every other field is accepted and ignored
-(Claude Code sends `context_management`, `output_config`, `metadata.user_id` as a JSON string, `safeguards`,
+(Claude Code sends `output_config`, `metadata.user_id` as a JSON string, `safeguards`,
 `cache_control` on any block, and betas we do not implement):
 
     model, max_tokens (required except for count_tokens), messages, system, tools, tool_choice,
-    stop_sequences, temperature, top_p, top_k, stream, thinking (accepted, ignored: see decode.py)
+    stop_sequences, temperature, top_p, top_k, stream, thinking (accepted, ignored: see decode.py),
+    context_management (context_management.py)
 
 Content blocks, by where they may appear:
 
     system / role "system":  text
     user:                     text, tool_result (content: string or [text | tool_reference])
-    assistant:                text, thinking (+ signature), redacted_thinking, tool_use
+    assistant:                text, thinking (+ signature), redacted_thinking, tool_use, compaction
 
 Streaming answers are SSE frames that carry an `event:` line naming the `type` of their data
 (the Python SDK silently yields nothing without them; Claude Code falls back to `stream:false`).
@@ -34,6 +35,8 @@ TOOL_USE = "tool_use"
 TOOL_RESULT = "tool_result"
 # a client-side tool search answers with these; the named (deferred) tool is then loaded (see tools.py)
 TOOL_REFERENCE = "tool_reference"
+# the summary a `compact_20260112` edit wrote (compaction.py): everything before it is dropped when it comes back
+COMPACTION = "compaction"
 
 # block types we recognise but cannot serve → a clear 400 instead of "unknown block type"
 UNSUPPORTED_BLOCKS: dict[str, str] = {
@@ -73,7 +76,8 @@ STOP_REASONS: dict[FinishReason, str] = {
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.LENGTH: "max_tokens",
     FinishReason.TOOL_CALLS: "tool_use",
-    # not an Anthropic value: the loop guard stopped a generation stuck repeating itself
+    # not an Anthropic value: the loop guard stopped a generation stuck repeating itself (a paused compaction's
+    # "compaction" has no canonical finish reason: compaction.py answers it without the engine)
     FinishReason.REPETITION: "repetition",
 }
 

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from zllm import ids
-from zllm.api.collect import raise_unless_completed, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
 from zllm.api.openai_responses.compaction import COMPACTION, COMPACTION_ID, CompactionSeal
@@ -32,24 +30,19 @@ from zllm.api.openai_responses.decode import Plan, ResponsesCall, chat_request, 
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.response_object import usage_body
 from zllm.api.openai_responses.tools import ToolSet
-from zllm.canonical import ChatRequest, EngineClient, Event, Finished, FinishReason, Message, TextDelta, ToolChoice
+from zllm.api.summary import SUMMARY_MAX_TOKENS, SUMMARY_PROMPT, write_summary
+from zllm.api.summary import summary_request as summary_of
+from zllm.canonical import ChatRequest, EngineClient, Event, Finished, FinishReason, TextDelta
 from zllm.errors import InvalidRequest
 
+__all__ = ["SUMMARY_MAX_TOKENS", "SUMMARY_PROMPT", "CompactionEventEncoder", "compact", "summary_request"]
+
 COMPACTED_OBJECT = "response.compaction"
-# enough for a dense summary, small next to the windows agents run with
-SUMMARY_MAX_TOKENS = 1024
-SUMMARY_PROMPT = (
-    "Stop here and write a summary of this conversation for yourself, to continue from it later with "
-    "nothing else: what the user asked for and every constraint they gave, what has been done (files, "
-    "commands, results, decisions), what is still to do, and anything you need to remember. Write the "
-    "summary only, as plain text; call no tools.")
 
 
 def summary_request(call: ResponsesCall, plan: Plan, *, request_id: str, namespace: str) -> ChatRequest:
     turn = chat_request(call, plan, request_id=request_id, namespace=namespace)
-    sampling = replace(turn.sampling, max_tokens=call.sampling.max_tokens or SUMMARY_MAX_TOKENS)
-    return replace(turn, messages=(*turn.messages, Message("user", SUMMARY_PROMPT)), sampling=sampling,
-                   tool_choice=ToolChoice(mode="none"), thinking=False, response_format=None)
+    return summary_of(turn, max_tokens=call.sampling.max_tokens)
 
 
 class CompactionEventEncoder(ResponseEventEncoder):
@@ -94,16 +87,14 @@ async def compact(body: dict, *, engine: EngineClient, chain: ResponseChain, nam
     if chain.seal is None:
         raise InvalidRequest("compaction is not available here")
     plan = plan_turn(call, await chain.previous(call.previous_response_id, namespace))
-    stream = await engine.submit(summary_request(call, plan, request_id=ids.request_id(), namespace=namespace))
-    pieces: list[str] = []
-    finished = raise_unless_completed(await run_to_finish(
-        stream, lambda event: pieces.append(event.text) if isinstance(event, TextDelta) else None))
-    summary = chain.seal.seal("".join(pieces).strip())
+    written = await write_summary(engine, summary_request(call, plan, request_id=ids.request_id(),
+                                                          namespace=namespace))
+    summary = chain.seal.seal(written.text)
     return {
         "id": ids.new_id(wire.RESPONSE_ID), "object": COMPACTED_OBJECT, "created_at": int(time.time()),
         "output": [*_user_messages(body.get("input")),
                    {"type": COMPACTION, "id": ids.new_id(COMPACTION_ID), "encrypted_content": summary}],
-        "usage": usage_body(finished.usage, reasoning_tokens=0),
+        "usage": usage_body(written.usage, reasoning_tokens=0),
     }
 
 

@@ -21,8 +21,11 @@ import hmac
 import json
 import secrets
 
+from zllm.api.summary import EXPANDED_HEADER, summary_message
 from zllm.canonical import Message
 from zllm.errors import InvalidRequest
+
+__all__ = ["EXPANDED_HEADER", "CompactionRefused", "CompactionSeal"]
 
 COMPACTION = "compaction"
 COMPACTION_SUMMARY = "compaction_summary"
@@ -30,8 +33,6 @@ COMPACTION_TRIGGER = "compaction_trigger"
 COMPACTION_ID = "cmp"
 SEAL_PREFIX = "zllm.c1."
 PAYLOAD_VERSION = 1
-EXPANDED_HEADER = ("This conversation was compacted: what came before it is replaced by this summary of it, "
-                   "written earlier by you. Continue the work from here.\n\n")
 
 
 class CompactionRefused(InvalidRequest):
@@ -65,7 +66,7 @@ class CompactionSeal:
         return _summary(_unb64(payload, param), param)
 
     def expand(self, content: object, param: str) -> Message:
-        return Message("user", EXPANDED_HEADER + self.open(content, param))
+        return summary_message(self.open(content, param))
 
     def _sign(self, payload: str) -> bytes:
         return hmac.new(self._key, payload.encode(), hashlib.sha256).digest()
