@@ -5,8 +5,6 @@ and output (the call rendered back bare, as written)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.support.fenced_tools import TOOLS, TOOLS_BY_NAME, run, valid
