@@ -34,7 +34,7 @@ def describe_dialect(renderer, *, tokens: bool = True) -> DialectReport:
     choice = renderer.choice
     reason = choice.reason
     template = getattr(renderer.tokenizer, "chat_template", None)
-    if isinstance(template, str) and "tool_calls" not in template and "ignores tools" not in reason:
+    if isinstance(template, str) and "tool_calls" not in template:
         reason += (f"; the chat template writes no tool calls (it never reads `tool_calls`): zllm writes them in "
                    f"{choice.name}'s format")
     return DialectReport(choice.name, bool(getattr(choice, "derived", False)), reason,
