@@ -31,7 +31,8 @@ from zllm.canonical.request import (
 )
 
 __all__ = [
-    "BARE_JSON_ARGUMENTS", "BARE_JSON_PARAMETERS", "CALL_FORMS", "ChatRequest", "EngineClient", "Event", "Finished", "FinishReason", "FunctionTool", "Message",
+    "BARE_JSON_ARGUMENTS", "BARE_JSON_PARAMETERS", "CALL_FORMS", "ChatRequest", "EngineClient", "Event", "Finished",
+    "FinishReason", "FunctionTool", "Message",
     "ModelCard", "ReasoningDelta", "RequestStream", "ResponseFormat", "SamplingParams", "TextDelta", "ToolCall",
     "ToolCallArgsDelta", "ToolCallEnd", "ToolCallStart", "ToolChoice", "ToolGrammar", "Usage", "with_form",
 ]

@@ -64,7 +64,8 @@ def dialect(
     how = "derived from the template" if report.derived else "chosen by rule"
     out.print(f"dialect {report.dialect} ({how}): {report.reason}", markup=False, soft_wrap=True)
     held = f"holds (render → parse → render gives the same {report.compared})"
-    out.print(f"round trip: {held if report.check.held else 'FAILS: ' + report.check.problem}", markup=False, soft_wrap=True)
+    verdict = held if report.check.held else "FAILS: " + report.check.problem
+    out.print(f"round trip: {verdict}", markup=False, soft_wrap=True)
     if report.check.sample:
         out.print("a call as the model writes it:", markup=False, soft_wrap=True)
         out.print(report.check.sample, markup=False, soft_wrap=True)

@@ -45,7 +45,8 @@ def check_renderer(renderer, *, tokens: bool = True) -> RoundTrip:
     """The round trip of `renderer`'s dialect over its template and tokenizer (prompt ids as `render` builds them:
     special-token text becomes its token; `tokens` False compares the text)."""
     tokenizer = renderer.tokenizer
-    eos = getattr(tokenizer, "eos_token", None) or (getattr(tokenizer, "special_tokens_map", None) or {}).get("eos_token")
+    specials = getattr(tokenizer, "special_tokens_map", None) or {}
+    eos = getattr(tokenizer, "eos_token", None) or specials.get("eos_token")
     ends = tuple(dict.fromkeys((*END_OF_TURN_TOKENS, *([eos] if isinstance(eos, str) and eos else []))))
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokens else list
     try:
