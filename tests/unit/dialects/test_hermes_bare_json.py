@@ -101,5 +101,6 @@ def test_auto_fence_text_cannot_open_like_a_bare_call(vocab):
 
 
 def test_bare_calls_only_under_auto(vocab):
-    for choice in (ToolChoice("required"), ToolChoice("tool", "A")):
+    for choice in (ToolChoice("required"), ToolChoice("tool", "A"), ToolChoice("none")):
         assert not accepts(vocab, FenceSpec(tools=(A, B), choice=choice), '{"name": "A", "arguments": {"x": 1}}')
+    assert accepts(vocab, FenceSpec(tools=(A, B), choice=ToolChoice("none")), '{"answer": 42}')

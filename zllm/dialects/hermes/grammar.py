@@ -91,7 +91,10 @@ def callable_tools(spec: FenceSpec) -> tuple[FunctionTool, ...]:
 def answer_rules(spec: FenceSpec, tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:
     schema = spec.response_schema
     if not tools:
-        return ["answer: json_answer", json_answer_rule(schema)] if schema is not None else ["answer: TEXT", TEXT_RULE]
+        if schema is not None:
+            return ["answer: json_answer", json_answer_rule(schema)]
+        # `none` with tools declared: the text may not open as a bare call either (the parser would read one)
+        return ["answer: TEXT", text_rule_without_bare_calls(spec.tools) if spec.tools else TEXT_RULE]
     calls = call_rules(tools, markup)
     calls.append(CALLS_RULE)
     if spec.choice.mode in ("required", "tool"):
