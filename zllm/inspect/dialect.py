@@ -49,4 +49,5 @@ def _read_template(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the template {path}: {exc}", hint="give a chat template file (.jinja)") from None
+        raise ConfigError(f"cannot read the template {path}: {exc}",
+                          hint="give a chat template file (.jinja)") from None
