@@ -179,6 +179,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         log.info("serving %s on http://%s:%d/v1 (backend %s: %s; tool dialect %s: %s)", served.name, settings.host,
                  settings.port, engine.loaded.backend, engine.loaded.backend_reason, engine.dialect_choice.name,
                  engine.dialect_choice.reason)
+        log_dialect_check(engine)
         try:
             await stop.wait()
             control.phase = "stopping"
@@ -209,7 +210,8 @@ def describe_model(engine, served: Served):
     loaded = engine.loaded
     facts = dict(name=served.name, path=str(served.path), device=str(loaded.device), dtype=loaded.quantization,
                  context_length=loaded.context_length, loaded_at=time.time(), backend=loaded.backend,
-                 backend_reason=loaded.backend_reason, quantization=loaded.quantization)
+                 backend_reason=loaded.backend_reason, quantization=loaded.quantization,
+                 dialect_round_trip=engine.dialect_check.held, dialect_problem=engine.dialect_check.problem)
     architectures = getattr(loaded.config, "architectures", None)
     if loaded.engine is not None:  # llama.cpp holds the weights: it counts them
         return LoadedModelInfo(architecture=(architectures or ["-"])[0], parameters=loaded.engine.parameters,
@@ -219,6 +221,18 @@ def describe_model(engine, served: Served):
     return LoadedModelInfo(architecture=(architectures or [type(model).__name__])[0],
                            parameters=sum(p.numel() for p in model.parameters()),
                            model_bytes=sum(t.numel() * t.element_size() for t in tensors), **facts)
+
+
+def log_dialect_check(engine) -> None:
+    """The load-time round trip of the tool dialect: a failure is a warning, the model is served all the same."""
+    from zllm.prompt.dialect_check import round_trip_line
+
+    line = round_trip_line(engine.dialect_choice.name, engine.dialect_check)
+    if engine.dialect_check.held:
+        log.info("%s", line)
+    else:
+        log.warning("%s; the model is served anyway (tool calls may still work, the prefix cache forks at the first "
+                    "call); `zllm dialect` shows the details", line)
 
 
 def near_miss_explainer():

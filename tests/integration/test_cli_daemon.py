@@ -94,6 +94,7 @@ def test_a_request_shows_up_live_in_trace_then_in_trace_last_and_cache_ls(cli: C
     assert entries[0]["tokens"] == report["prompt_tokens"] + 3  # the prompt and the answer fed back (4 - 1)
     [model] = data(cli, "ps")
     assert model["name"] == MODEL and model["context_length"] == 256 and model["kv_cache_bytes"] > 0
+    assert (model["dialect_round_trip"], model["dialect_problem"]) == (True, "")  # checked at load
 
 
 def test_prune_removes_what_the_dry_run_listed(cli: CliEnv) -> None:

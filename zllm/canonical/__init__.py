@@ -16,6 +16,9 @@ from zllm.canonical.events import (
 )
 from zllm.canonical.finish import FinishReason, Usage
 from zllm.canonical.request import (
+    BARE_JSON_ARGUMENTS,
+    BARE_JSON_PARAMETERS,
+    CALL_FORMS,
     ChatRequest,
     FunctionTool,
     Message,
@@ -24,10 +27,12 @@ from zllm.canonical.request import (
     ToolCall,
     ToolChoice,
     ToolGrammar,
+    with_form,
 )
 
 __all__ = [
-    "ChatRequest", "EngineClient", "Event", "Finished", "FinishReason", "FunctionTool", "Message",
+    "BARE_JSON_ARGUMENTS", "BARE_JSON_PARAMETERS", "CALL_FORMS", "ChatRequest", "EngineClient", "Event", "Finished",
+    "FinishReason", "FunctionTool", "Message",
     "ModelCard", "ReasoningDelta", "RequestStream", "ResponseFormat", "SamplingParams", "TextDelta", "ToolCall",
-    "ToolCallArgsDelta", "ToolCallEnd", "ToolCallStart", "ToolChoice", "ToolGrammar", "Usage",
+    "ToolCallArgsDelta", "ToolCallEnd", "ToolCallStart", "ToolChoice", "ToolGrammar", "Usage", "with_form",
 ]

@@ -13,11 +13,32 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A call the assistant made. `arguments` is the JSON text exactly as the model produced it."""
+    """A call the assistant made. `arguments` is the JSON text exactly as the model produced it.
+
+    `form` says how the model wrote the call when it did not use its dialect's own markup (a bare JSON object
+    `{"name": ..., "arguments": ...}` opening the turn), so the next turn renders it the same way and the prompt
+    still continues this turn's tokens. It rides on the id, the one part of a call every client sends back
+    (`call_<hex>-bja`; see `with_form`); "" is the dialect's own markup."""
 
     id: str
     name: str
     arguments: str
+
+    @property
+    def form(self) -> str:
+        _, dash, suffix = self.id.rpartition("-")
+        return suffix if dash and suffix in CALL_FORMS else ""
+
+
+# the forms a call can be written in besides the dialect's markup: a bare JSON object opening the turn, with
+# its arguments under "arguments" or (Llama 3's spelling) "parameters"
+BARE_JSON_ARGUMENTS, BARE_JSON_PARAMETERS = "bja", "bjp"
+CALL_FORMS = (BARE_JSON_ARGUMENTS, BARE_JSON_PARAMETERS)
+
+
+def with_form(call_id: str, form: str) -> str:
+    """`call_id` carrying `form` (`ToolCall.form` reads it back); "" leaves the id as it is."""
+    return f"{call_id}-{form}" if form else call_id
 
 
 @dataclass(frozen=True)

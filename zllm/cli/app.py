@@ -29,7 +29,8 @@ app = typer.Typer(
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 # verb modules, in --help order; each has register(app)
-VERBS = ("serve", "lifecycle", "models", "ps", "cache", "trace", "count_tokens", "clients", "config_cmd", "store_cmd")
+VERBS = ("serve", "lifecycle", "models", "ps", "cache", "trace", "count_tokens", "dialect", "clients", "config_cmd",
+         "store_cmd")
 
 
 def _version(value: bool) -> None:

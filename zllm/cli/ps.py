@@ -5,6 +5,7 @@
     smollm2  LlamaForCausalLM  135M    llamacpp  cpu     Q4_1   8192     96.6 MB  377.7 MB / 377.7 MB 995.2 MB  hermes
     backend llamacpp: GGUF weights run on llama.cpp as they are             (stderr: how each was chosen)
     dialect hermes: the chat template mentions <tool_call>
+    dialect hermes: round trip holds (render → parse → render gives the same tokens)
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Print the loaded mode
             err.print(f"backend {m.backend}: {m.backend_reason}", markup=False, highlight=False)
         if m.dialect_reason:
             err.print(f"dialect {m.dialect}: {m.dialect_reason}", markup=False, highlight=False)
+        if m.dialect_round_trip is not None:
+            err.print(f"dialect {m.dialect}: {_round_trip(m)}", markup=False, highlight=False)
+
+
+def _round_trip(m: LoadedModelInfo) -> str:
+    if m.dialect_round_trip:
+        return "round trip holds (render → parse → render gives the same tokens)"
+    return f"round trip FAILS: {m.dialect_problem} (served anyway; see `zllm dialect`)"
 
 
 def _row(m: LoadedModelInfo) -> tuple[str, ...]:

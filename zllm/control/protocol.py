@@ -149,6 +149,10 @@ class LoadedModelInfo(_Wire):
     kv_cache_budget_bytes: int = 0
     dialect: str = ""
     dialect_reason: str = ""  # how the dialect was chosen ("chat template mentions <tool_call>", ...)
+    # the load-time round trip (dialects/round_trip.py): render → parse → render gave the same tokens; None: an
+    # older daemon that did not check. `dialect_problem` says what breaks when it did not hold
+    dialect_round_trip: bool | None = None
+    dialect_problem: str = ""
     loaded_at: float = 0.0
     backend: str = ""  # the engine backend: "torch" or "llamacpp"
     backend_reason: str = ""  # why ("GGUF weights run on llama.cpp as they are", "--backend torch", ...)

@@ -9,7 +9,8 @@ Each family package (`hermes/`, `glm/`, `dsml/`) has the same roles, one file ea
                 literals the parser scans for (a family with variants takes the variant as a keyword)
 hermes/ also has json_cursor.py, the incremental JSON checker its parser reads call bodies with.
 Shared by all families: base.py (the contract), registry.py (which dialect a model speaks), scan.py (the tag
-scanner the parsers use), string_values.py (string-parameter rules the grammars share).
+scanner the parsers use), string_values.py (string-parameter rules the grammars share), round_trip.py (the
+render → parse → render check a dialect passes at load and in `zllm dialect`).
 """
 
 from zllm.dialects.base import (

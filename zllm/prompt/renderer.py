@@ -56,6 +56,11 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self._bos_id = _default_bos_id(tokenizer)
 
+    @property
+    def chat_template(self):
+        """The model's template as the dialect renders through it (None: the dialect writes the framing)."""
+        return self._template
+
     def thinking(self, request: ChatRequest) -> bool:
         """Whether this request's output opens with reasoning (the parser and the fence must agree with it)."""
         return self.dialect.wants_thinking(request.thinking)

@@ -37,6 +37,7 @@ from zllm.prompt import (
     position_describer,
 )
 from zllm.prompt.cache_busters import describe_busters, reported_busters
+from zllm.prompt.dialect_check import check_renderer
 from zllm.prompt.fingerprint import fingerprint_request
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
@@ -124,6 +125,8 @@ class LocalEngineClient:
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
+        # render → parse → render over this model's template and tokenizer (logged at startup, shown by `zllm ps`)
+        self.dialect_check = check_renderer(self.renderer)
         _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))

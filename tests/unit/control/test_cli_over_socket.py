@@ -48,7 +48,9 @@ def fake_daemon(env, serve, loop_thread):
         control.attach(fake_engine(FakeCache()), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
                                                                   parameters=1_234_567, model_bytes=4_938_268,
                                                                   context_length=192, device="cpu", dtype="float32",
-                                                                  backend="torch", backend_reason="safetensors"))
+                                                                  backend="torch", backend_reason="safetensors",
+                                                                  dialect_round_trip=False,
+                                                                  dialect_problem="the parser reads 0 calls back"))
         serve({**control.methods(), **(extra_methods or {})}, control.streams(), version=version)
         for i in range(3):
             loop_thread.call(trace.publish, RequestReport(
@@ -123,9 +125,12 @@ def test_ps_shows_memory_and_the_dialect(fake_daemon, capsys) -> None:
     assert cells[:14] == ["tiny", "Qwen3ForCausalLM", "1.2M", "torch", "cpu", "float32", "192", "4.9", "MB", "4.5",
                           "KB", "/", "16.0", "KB"]
     assert cells[15] in ("MB", "GB") and float(cells[14]) > 0 and cells[16] == "hermes_json"  # the real RSS
-    assert err == "backend torch: safetensors dialect hermes_json: template mentions <tool_call>"
+    assert err == ("backend torch: safetensors dialect hermes_json: template mentions <tool_call> dialect hermes_json: "
+                   "round trip FAILS: the parser reads 0 calls back (served anyway; see `zllm dialect`)")
     code, out, _ = zllm(capsys, "ps", "--json")
-    assert json.loads(out)[0]["kv_cache_bytes"] == 4500
+    model = json.loads(out)[0]
+    assert model["kv_cache_bytes"] == 4500
+    assert (model["dialect_round_trip"], model["dialect_problem"]) == (False, "the parser reads 0 calls back")
 
 
 def test_cache_ls_stats_and_json(fake_daemon, capsys) -> None:

@@ -113,6 +113,7 @@ def assert_control_answers_keep_their_keys(backend: str, client: LocalEngineClie
     assert [(e["tier"], e["id"]) for e in listing] == [("device", "r1"), ("ssd", "r1")]
     [model] = control.ps()
     assert model.dialect == client.dialect_choice.name and model.dialect_reason == client.dialect_choice.reason
+    assert client.dialect_check.held, client.dialect_check.problem  # the load-time round trip
     assert model.kv_cache_budget_bytes == stats["device_budget_bytes"] > 0
     assert control.status().queue_waiting == 0
     status = control.call("status")

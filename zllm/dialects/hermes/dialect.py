@@ -52,8 +52,9 @@ class HermesJson(Dialect):
 
     def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
                new_call_id: Callable[[], str]) -> StreamParser:
-        # every name is accepted: an unknown tool comes back as a call the client can answer with an error
-        return HermesParser(thinking=False, new_call_id=new_call_id)
+        # every name is accepted in tags: an unknown tool comes back as a call the client can answer with an
+        # error; a bare JSON object is a call only when it names a declared tool (else it is a JSON answer)
+        return HermesParser(thinking=False, new_call_id=new_call_id, bare_tools=_names(tools))
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
         return fence_grammar(replace(spec, thinking=False), markup)  # no reasoning block in this family
@@ -78,7 +79,7 @@ class Qwen3Hermes(HermesJson):
 
     def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
                new_call_id: Callable[[], str]) -> StreamParser:
-        return HermesParser(thinking=thinking, new_call_id=new_call_id)
+        return HermesParser(thinking=thinking, new_call_id=new_call_id, bare_tools=_names(tools))
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
         return fence_grammar(spec, markup)
@@ -90,3 +91,7 @@ class Qwen3Hermes(HermesJson):
             return f"<think>\n{message.reasoning or ''}\n</think>\n\n" if index > last_user else ""
 
         return block
+
+
+def _names(tools: tuple[FunctionTool, ...]) -> frozenset[str]:
+    return frozenset(tool.name for tool in tools)

@@ -23,6 +23,17 @@ the text before the first call is a lazy lexeme ending at the opener:
     answer: TEXT | call_head call_rest ("\\n" call)*
     call_head[lazy]: TEXT "<tool_call>"
 
+Bare JSON calls (parse.py): under `auto` (no response schema) the answer may instead be one call written as a
+bare JSON object from its opening brace, `{"name": "A", "arguments": {...}}` (or Llama 3's `"parameters"`), and
+then nothing; the free text may not open the way such a call does (the parser would read it as one), so TEXT,
+which only ever starts the answer, loses that opening:
+
+    answer: bare_call | TEXT calls?
+    bare_call: bare_0 | bare_1
+    bare_0: "{\\"name\\": \\"A\\", \\"" bare_key "\\": " %json {...} "}"
+    bare_key: "arguments" | "parameters"
+    TEXT: /(?s:.*)/ & ~/(?s:.*)(?i:<\\/?tool_call>)(?s:.*)/ & ~/\\{[ \\t\\n\\r]*"name"...:...("A"|"B")(?s:.*)/
+
 Modes: `none` is TEXT alone; `auto` is text then calls (or, with a response schema, that JSON or calls);
 `required` and `tool` are calls only (to any tool / to the named one), separated by exactly "\\n" as rendered.
 With thinking (Qwen3) the output may open with `<think>...</think>\\n\\n`.
@@ -80,18 +91,44 @@ def callable_tools(spec: FenceSpec) -> tuple[FunctionTool, ...]:
 def answer_rules(spec: FenceSpec, tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:
     schema = spec.response_schema
     if not tools:
-        return ["answer: json_answer", json_answer_rule(schema)] if schema is not None else ["answer: TEXT", TEXT_RULE]
+        if schema is not None:
+            return ["answer: json_answer", json_answer_rule(schema)]
+        # `none` with tools declared: the text may not open as a bare call either (the parser would read one)
+        return ["answer: TEXT", text_rule_without_bare_calls(spec.tools) if spec.tools else TEXT_RULE]
     calls = call_rules(tools, markup)
     calls.append(CALLS_RULE)
     if spec.choice.mode in ("required", "tool"):
         return ["answer: calls", *calls]
     if schema is not None:
         return ["answer: json_answer | calls", json_answer_rule(schema), *calls]
+    bare, text_rule = bare_call_rules(tools), text_rule_without_bare_calls(tools)
     if markup.is_single(CALL_OPEN):  # TEXT cannot match an added token, so it ends where the opener starts
-        return ["answer: TEXT calls?", *calls, TEXT_RULE]
+        return ["answer: bare_call | TEXT calls?", *bare, *calls, text_rule]
     calls.pop()  # the first call follows the lazy head instead
     head = f"call_head[lazy]: TEXT {markup.lark(CALL_OPEN)}"
-    return ['answer: TEXT | call_head call_rest ("\\n" call)*', head, *calls, TEXT_RULE]
+    return ['answer: bare_call | TEXT | call_head call_rest ("\\n" call)*', head, *bare, *calls, text_rule]
+
+
+def bare_call_rules(tools: tuple[FunctionTool, ...]) -> list[str]:
+    """One call as a bare JSON object, the whole answer (parse.py reads it; render.py writes it back)."""
+    rules = ["bare_call: " + " | ".join(f"bare_{i}" for i in range(len(tools))),
+             'bare_key: "arguments" | "parameters"']
+    for i, tool in enumerate(tools):
+        head = lark_string('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "')
+        rules.append(f'bare_{i}: {head} bare_key "\\": " %json {guided(arguments_schema(tool))} "}}"')
+    return rules
+
+
+def text_rule_without_bare_calls(tools: tuple[FunctionTool, ...]) -> str:
+    """TEXT that does not open as a bare call does: `{`, then a first member "name" naming a declared tool."""
+    ws = "[ \\t\\n\\r]*"
+    names = "|".join(_regex_literal(json.dumps(tool.name, ensure_ascii=False)) for tool in tools)
+    return f'{TEXT_RULE} & ~/\\{{{ws}"name"{ws}:{ws}({names})(?s:.*)/'
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex matching itself: ASCII punctuation as \\xHH (safe inside Lark's /.../ too)."""
+    return "".join(f"\\x{ord(ch):02x}" if ch.isascii() and not ch.isalnum() else ch for ch in text)
 
 
 def call_rules(tools: tuple[FunctionTool, ...], markup: MarkupTokens) -> list[str]:

@@ -20,6 +20,12 @@ known the call is committed (ToolCallStart went out; to stay split-invariant the
 a break inside the arguments keeps the rest of the body, up to `</tool_call>`, as arguments text with the
 object's closing `}` dropped; a break elsewhere ends the call there and the rest is text.
 
+Bare JSON calls. Given the declared tools' names, a turn whose content opens with `{` followed by a first member
+`"name"` naming one of them is a call written without the tags (small models do this: `{"name": "Bash",
+"arguments": {...}}`, Llama 3's `"parameters"`), read like a tagged call's body. Its ToolCallStart waits for the
+arguments key, so the call id carries how it was written (`canonical.with_form`) and render.py writes it back
+the same way. An object whose first member is not such a name stays text.
+
 End of output (`finish`): held text is flushed; an open call ends with ToolCallEnd carrying the arguments so
 far (`{}` when none had started; a JSON-string `arguments` still open is given raw) and is not counted in
 `calls_completed`, which counts calls that ended before the output did.
@@ -34,12 +40,15 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from zllm.canonical import (
+    BARE_JSON_ARGUMENTS,
+    BARE_JSON_PARAMETERS,
     Event,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
+    with_form,
 )
 from zllm.dialects.base import StreamParser
 from zllm.dialects.hermes.format import CALL_CLOSERS, CALL_OPENERS, THINK_CLOSE, THINK_OPEN
@@ -84,6 +93,8 @@ class _OpenCall:
     args_decoded: str = ""  # a JSON-string `arguments`, decoded
     broken_at: int | None = None  # where in args_raw the JSON broke (after commit)
     sent: int = 0  # how much of the arguments went out as ToolCallArgsDelta
+    bare: bool = False  # a bare JSON call opening the turn: no tags around it
+    start_pending: bool = False  # bare: the name is known, ToolCallStart waits for the arguments key
 
     def streamable(self) -> str:
         """The arguments text that can go out now."""
@@ -109,8 +120,11 @@ class _OpenCall:
 
 
 class HermesParser(StreamParser):
-    def __init__(self, *, thinking: bool, new_call_id: Callable[[], str]):
+    def __init__(self, *, thinking: bool, new_call_id: Callable[[], str], bare_tools: frozenset[str] = frozenset()):
+        """`bare_tools`: the declared tools' names, which a bare JSON object opening the turn may call."""
         self._new_call_id = new_call_id
+        self._bare_tools = bare_tools
+        self._content_begun = False  # the first character of content (after any reasoning) was read
         self._state = _State.START if thinking else _State.TEXT
         self._handlers: dict[_State, Callable[[str], str]] = {
             _State.START: self._in_start, _State.REASONING: self._in_reasoning,
@@ -187,6 +201,11 @@ class HermesParser(StreamParser):
         return text[at:]
 
     def _in_text(self, text: str) -> str:
+        if not self._content_begun:
+            self._content_begun = True
+            if self._bare_tools and text.startswith("{"):
+                self._call, self._state = _OpenCall(opener="", bare=True), _State.CALL
+                return text
         before, tag, rest = self._scan(TEXT_TAGS, text)
         self._text(before)
         if tag is None:
@@ -215,6 +234,8 @@ class HermesParser(StreamParser):
             self._read_body_char(ch)
             if cursor.member_ended_with:
                 self._end_member()
+                if call.bare and call.name is None:  # named no declared tool: text after all
+                    return self._malformed(text[at + 1:])
             if cursor.key is not None:
                 call.key = cursor.key
             if cursor.done:
@@ -245,8 +266,11 @@ class HermesParser(StreamParser):
         if call.key == "name" and call.name is None:
             call.member, call.name_raw = "name", ""
             return ch == '"'  # only a string names a tool
+        if call.bare and call.name is None:
+            return False  # a bare call opens with its name
         if call.key in ARGUMENT_KEYS and call.args_raw is None:
             call.member, call.args_raw, call.args_is_string = "arguments", "", ch == '"'
+            self._start_pending(call.key)
         else:
             call.member = "other"
         return True
@@ -263,11 +287,18 @@ class HermesParser(StreamParser):
     def _end_member(self) -> None:
         call = self._call
         if call.member == "name":
-            call.name = json.loads(call.name_raw, strict=False)
+            name = json.loads(call.name_raw, strict=False)
+            if call.bare and name not in self._bare_tools:
+                call.member = None
+                return
+            call.name = name
             call.index = self._started
             self._started += 1
             self._wrote_anything = True
-            self._events.append(ToolCallStart(call.index, self._new_call_id(), call.name))
+            if call.bare:
+                call.start_pending = True
+            else:
+                self._events.append(ToolCallStart(call.index, self._new_call_id(), call.name))
         elif call.member == "arguments":
             call.args_closed = True
             if call.args_is_string:
@@ -294,14 +325,24 @@ class HermesParser(StreamParser):
         self._state = _State.TEXT
         return rest
 
+    def _start_pending(self, key: str | None) -> None:
+        """A bare call's ToolCallStart, once how it spells its arguments key is known."""
+        call = self._call
+        if call.start_pending:
+            call.start_pending = False
+            form = BARE_JSON_PARAMETERS if key == "parameters" else BARE_JSON_ARGUMENTS
+            self._events.append(ToolCallStart(call.index, with_form(self._new_call_id(), form), call.name))
+
     def _malformed(self, rest: str) -> str:
         self._text(self._call.opener + self._call.body)
+        # a tagged call's text runs to its closer; a bare object that is no call is just the answer's text
+        self._state = _State.TEXT if self._call.bare else _State.RAW
         self._call = None
-        self._state = _State.RAW
         return rest
 
     def _end_call(self, *, counted: bool) -> None:
         call = self._call
+        self._start_pending(None)
         self._flush_arguments()
         arguments = call.final()
         if len(arguments) > call.sent:

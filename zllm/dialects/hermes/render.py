@@ -6,7 +6,8 @@ template renders from `tools=` and `tool_calls` (tests/support/tiny_models.py QW
     system     {system text}\\n\\n# Tools\\n\\nYou may call one or more functions ...<tools>\\n{tool json}\\n...
                </tools>\\n\\nFor each function call, return a json object ... </tool_call>
     assistant  {text} + per call ("\\n" when anything precedes it) + <tool_call>\\n{"name": ..., "arguments": ...}
-               \\n</tool_call>, arguments in `canonical_arguments` spelling
+               \\n</tool_call>, arguments in `canonical_arguments` spelling; a call the model wrote as a bare
+               JSON object opening the turn (`ToolCall.form`, parse.py) is written back bare, as it was
     user       <tool_response>\\n{result}\\n</tool_response>, joined by "\\n", for each run of tool messages
 
 With tools and no system message the system text is the template's own default system prompt (found by
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 
-from zllm.canonical import FunctionTool, Message, ToolCall
+from zllm.canonical import BARE_JSON_PARAMETERS, CALL_FORMS, FunctionTool, Message, ToolCall
 from zllm.dialects.base import ChatTemplate, Conversation, canonical_arguments
 from zllm.dialects.hermes.format import CALL_CLOSE, CALL_OPEN
 
@@ -88,13 +89,22 @@ def assistant_text(message: Message) -> str:
     """Content, then each call; a call is preceded by "\\n" when anything precedes it."""
     text = message.content
     for call in message.tool_calls:
-        text += ("\n" if text else "") + tool_call_text(call)
+        if not text and call.form in CALL_FORMS:  # only the turn's opening can be a bare call
+            text = bare_call_text(call)
+        else:
+            text += ("\n" if text else "") + tool_call_text(call)
     return text
 
 
 def tool_call_text(call: ToolCall) -> str:
+    return f"{CALL_OPEN}\n{bare_call_text(call, key='arguments')}\n{CALL_CLOSE}"
+
+
+def bare_call_text(call: ToolCall, key: str | None = None) -> str:
+    """The call's JSON object; its arguments key as the model wrote it (`call.form`) unless given."""
+    key = key or ("parameters" if call.form == BARE_JSON_PARAMETERS else "arguments")
     name = json.dumps(call.name, ensure_ascii=False)
-    return f'{CALL_OPEN}\n{{"name": {name}, "arguments": {canonical_arguments(call.arguments)}}}\n{CALL_CLOSE}'
+    return f'{{"name": {name}, "{key}": {canonical_arguments(call.arguments)}}}'
 
 
 def tool_result_text(message: Message) -> str:

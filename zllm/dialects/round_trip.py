@@ -1,0 +1,138 @@
+"""The round-trip check a dialect passes at load and in `zllm dialect`: render, parse its own output, render again.
+
+    result = check_round_trip(dialect, template, encode=tokenizer_encode, end_texts=("<|im_end|>",))
+    result.held, result.problem, result.sample   # True, "", '<tool_call>\\n{"name": "get_weather", ...'
+
+A probe conversation (two tools; a user turn; an assistant turn with reasoning where the family has it and two
+calls; their two results) is rendered as the next turn's prompt. Its assistant turn, cut out of that prompt where
+this turn's prompt ends and the turn's end marker begins, is what the model would have written; the dialect's own
+parser reads it back, and the conversation rendered again with what was read must give the same tokens. That is
+the guarantee the prefix cache lives on (turn N+1's prompt starts with turn N's prompt and output), checked on
+this model's template and tokenizer rather than on the test suite's. A check that fails says what breaks; the
+model is still served (the calls may still work, the cache forks at the first call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from zllm.canonical import (
+    FunctionTool,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallEnd,
+    ToolCallStart,
+    with_form,
+)
+from zllm.dialects.base import ChatTemplate, Conversation, Dialect, canonical_arguments
+
+PROBE_TOOLS = (
+    FunctionTool("get_weather", "Weather for a city",
+                 {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    FunctionTool("search", "Search the web",
+                 {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                  "required": ["query"]}),
+)
+PROBE_CALLS = (
+    ToolCall("call_probe0", "get_weather", '{"city": "Paris"}'),
+    ToolCall("call_probe1", "search", '{"query": "news today", "limit": 3}'),
+)
+_USER = Message("user", "What is the weather in Paris, and the news?")
+_REASONING = "The user wants two things: I will call both tools."
+_RESULTS = (Message("tool", "sunny, 21 C", tool_call_id="call_probe0", name="get_weather"),
+            Message("tool", "nothing new", tool_call_id="call_probe1", name="search"))
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    held: bool
+    problem: str = ""  # what breaks, in a sentence ("" when it held)
+    sample: str = ""  # one call as the model writes it (the probe's first call alone, as rendered)
+
+
+def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode: Callable[[str], Sequence[int]],
+                     end_texts: Sequence[str] = ()) -> RoundTrip:
+    """`encode`: prompt text → token ids (text compared as is when a caller has no tokenizer: `list`);
+    `end_texts`: what may end an assistant turn in the prompt (EOS / end-of-turn token text)."""
+    thinking = dialect.supports_thinking
+    ends = (*end_texts, *dialect.end_of_turn)
+    try:
+        sample = _sample_call(dialect, template, ends)
+        turn = Message("assistant", "", tool_calls=PROBE_CALLS, reasoning=_REASONING if thinking else None)
+        prompt = _render(dialect, template, (_USER,), thinking)
+        following = _render(dialect, template, (_USER, turn, *_RESULTS), thinking)
+    except Exception as exc:  # a template that rejects the probe: nothing else can be checked
+        return RoundTrip(False, f"the probe conversation does not render: {exc}")
+    if not following.startswith(prompt):
+        return RoundTrip(False, "the next turn's prompt does not start with this turn's prompt (the template "
+                                "rewrites the conversation before the calls)", sample)
+    output = _cut_at_end(following[len(prompt):], ends)
+    read = _parse(dialect, output, thinking)
+    problem = _compare_calls(read, turn, thinking)
+    if problem:
+        return RoundTrip(False, problem, sample)
+    again = _render(dialect, template, (_USER, read, *_RESULTS), thinking)
+    first, second = list(encode(following)), list(encode(again))
+    if first != second:
+        at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+        where = _context(following, again)
+        return RoundTrip(False, f"rendering the calls read back changes the prompt at token {at} ({where}): the "
+                                "prefix cache forks at the first tool call", sample)
+    return RoundTrip(True, "", sample)
+
+
+def _render(dialect: Dialect, template: ChatTemplate | None, messages: tuple[Message, ...], thinking: bool) -> str:
+    return dialect.render(Conversation(messages, PROBE_TOOLS, thinking=thinking), template)
+
+
+def _sample_call(dialect: Dialect, template: ChatTemplate | None, ends: Sequence[str]) -> str:
+    """The probe's first call alone, as the model would write it (the text between prompt and turn end)."""
+    turn = Message("assistant", "", tool_calls=PROBE_CALLS[:1])
+    prompt = _render(dialect, template, (_USER,), False)
+    following = _render(dialect, template, (_USER, turn, _RESULTS[0]), False)
+    return _cut_at_end(following[len(prompt):], ends) if following.startswith(prompt) else ""
+
+
+def _cut_at_end(text: str, ends: Sequence[str]) -> str:
+    cuts = [at for at in (text.find(end) for end in ends if end) if at >= 0]
+    return text[:min(cuts)] if cuts else text
+
+
+def _parse(dialect: Dialect, output: str, thinking: bool) -> Message:
+    """The assistant message the dialect's parser reads from `output`; calls keep the probe's ids (the results
+    answer them) with the form the parser found."""
+    numbers = iter(range(1_000_000))
+    parser = dialect.parser(PROBE_TOOLS, thinking=thinking, new_call_id=lambda: f"read_{next(numbers)}")
+    events = parser.feed(output) + parser.finish()
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    starts = {e.index: e for e in events if isinstance(e, ToolCallStart)}
+    calls = []
+    for end in (e for e in events if isinstance(e, ToolCallEnd)):
+        start = starts[end.index]
+        probe_id = PROBE_CALLS[end.index].id if end.index < len(PROBE_CALLS) else start.id
+        form = ToolCall(start.id, start.name, end.arguments).form
+        calls.append(ToolCall(with_form(probe_id, form), start.name, end.arguments))
+    return Message("assistant", text, tool_calls=tuple(calls), reasoning=reasoning if thinking else None)
+
+
+def _compare_calls(read: Message, turn: Message, thinking: bool) -> str:
+    if len(read.tool_calls) != len(turn.tool_calls):
+        return (f"the parser reads {len(read.tool_calls)} calls back from the rendered turn, not "
+                f"{len(turn.tool_calls)}: calls in this template's format would reach the client as text")
+    for i, (got, want) in enumerate(zip(read.tool_calls, turn.tool_calls)):
+        if got.name != want.name or canonical_arguments(got.arguments) != canonical_arguments(want.arguments):
+            return f"call {i + 1} reads back as {got.name} {got.arguments}, not {want.name} {want.arguments}"
+    if read.content.strip():
+        return f"the parser reads text {read.content.strip()[:60]!r} around the calls"
+    if thinking and (read.reasoning or "").strip() != _REASONING:
+        return "the reasoning does not read back as written"
+    return ""
+
+
+def _context(a: str, b: str) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"{a[max(0, at - 20):at + 20]!r} became {b[max(0, at - 20):at + 20]!r}"
