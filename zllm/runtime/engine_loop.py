@@ -352,17 +352,20 @@ class EngineLoop:
         chunk = active.request.prompt_ids[held:held + tokens]
         return Row(active.cache, chunk), partial(self._prefilled, active)
 
-    def _prefilled(self, active: ActiveRequest, logits: Logits) -> None:
+    def _prefilled(self, active: ActiveRequest, logits: Logits) -> Finished | None:
+        """After a prefill chunk's forward; Finished when a prefill-only request has its whole prompt."""
         if self._prompt_left(active) > 0:
             if time.perf_counter() - (active.progress_reported_at or active.admitted_at) >= PROGRESS_REPORT_S:
                 self._report_progress(active)
-            return
+            return None
         active.logits = logits
         active.prefilled_at = time.perf_counter()
         if self.prefix_cache is not None:
             self.prefix_cache.observe_prefill(len(active.request.prompt_ids) - active.cached_tokens,
                                               active.prefill_forward_s)
         self._observe(request_report("started", active.request, active))
+        # a prewarm: nothing to sample; _end retires the prompt into the prefix cache like a finished request's
+        return active.finished(FinishReason.PREFILLED) if active.request.prefill_only else None
 
     def _report_progress(self, active: ActiveRequest) -> None:
         """A "prefilling" report (`zllm status`, `zllm trace`): how much of the prompt the row's cache holds."""

@@ -75,6 +75,8 @@ STOP_REASONS: dict[FinishReason, str] = {
     FinishReason.TOOL_CALLS: "tool_use",
     # not an Anthropic value: the loop guard stopped a generation stuck repeating itself
     FinishReason.REPETITION: "repetition",
+    # `max_tokens: 0` (a cache prewarm) reached its budget of no output tokens
+    FinishReason.PREFILLED: "max_tokens",
 }
 
 # the header every Anthropic client sends (any value): how the shared /v1/models route tells them apart
