@@ -2,12 +2,14 @@
 `prompt_cache_options.prewarm`) on both engine backends: it samples nothing, ends with PREFILLED and the prompt's
 cache split, and its prompt is kept on the device tier and on SSD exactly as a finished request's terminal
 state is, so the next turn (the same prompt plus a turn) reads it back, also across a restart. It is a row like
-any other: an abort mid-prefill ends it with ABORT and keeps what it computed.
+any other: an abort mid-prefill ends it with ABORT and keeps what it computed. The turn it warmed, sent before
+the warm-up is done, takes its prefill over instead of computing the same prefix beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -123,6 +125,74 @@ def test_a_prewarm_aborted_mid_prefill_ends_with_abort_and_keeps_what_it_compute
     wait_finished(reports, "warm")
     assert length // 2 <= abort.held < length
     assert entry_lengths(client, Tier.DEVICE) == [(abort.held, abort.held)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_turn_sent_while_its_prewarm_runs_takes_the_prefill_over(start, backend) -> None:
+    reports: list = []
+    client = start(backend, reports)
+    length = len(prompt_ids(client, TURN))
+    hold = HoldAt(StepTap(client), length // 2)
+
+    async def main():
+        warm = await client.submit(request("warm", prefill_only=True))
+        warmed = asyncio.create_task(drain(warm))
+        assert await asyncio.to_thread(hold.landed.wait, 30)
+        turn = await client.submit(request("turn", NEXT_TURN))  # queued: the prewarm's step is still running
+        hold.release.set()
+        return await warmed, await drain(turn)
+
+    warm, turn = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    assert warm.reason is FinishReason.PREFILLED and warm.usage.completion_tokens == 0
+    assert length // 2 <= hold.held < length, "the prewarm was still prefilling when the turn arrived"
+    assert turn.usage.cached_tokens == hold.held, "the turn starts from what the prewarm computed, not cold"
+    wait_finished(reports, "turn")
+    prefilled = {r.request_id: r.prefilled_tokens - r.cached_tokens for r in reports if r.phase == "finished"}
+    assert prefilled["warm"] == 0 and prefilled["turn"] == len(prompt_ids(client, NEXT_TURN)) - hold.held
+
+
+@pytest.mark.timeout(60)
+def test_a_side_request_sharing_only_the_system_prompt_does_not_cut_a_prewarm_short(start) -> None:
+    client = start("torch", [])
+    long_turn = (Message("system", SYSTEM), Message("user", "Fix the bug in the parser, then explain it. " * 6))
+    side = (Message("system", SYSTEM), Message("user", "Write a title."))
+    hold = HoldAt(StepTap(client), CHUNK)
+
+    async def main():
+        warmed = asyncio.create_task(drain(await client.submit(request("warm", long_turn, prefill_only=True))))
+        assert await asyncio.to_thread(hold.landed.wait, 30)
+        other = await client.submit(request("side", side))
+        hold.release.set()
+        return await warmed, await drain(other)
+
+    warm, _ = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    length = len(prompt_ids(client, long_turn))
+    assert warm.reason is FinishReason.PREFILLED and hold.held < length
+    assert (length, length) in entry_lengths(client, Tier.DEVICE), "the prewarm ran to the end of its prompt"
+
+
+async def drain(stream) -> Finished:
+    return [event async for event in stream][-1]
+
+
+class HoldAt:
+    """A step listener that holds the first step after which a row holds `length` tokens or more until
+    `release` is set (`landed`: it is holding; `held`: what the row holds then)."""
+
+    def __init__(self, tap: StepTap, length: int):
+        self.length = length
+        self.held: int | None = None
+        self.landed, self.release = threading.Event(), threading.Event()
+        tap.listeners.append(self)
+
+    def __call__(self, rows, lengths, outputs):
+        for row, before in zip(rows, lengths):
+            if self.held is None and before + len(row.token_ids) >= self.length:
+                self.held = before + len(row.token_ids)
+                self.landed.set()
+                assert self.release.wait(30), "the test never let the step return"
+        return outputs
 
 
 class AbortAt:
