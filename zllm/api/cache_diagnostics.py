@@ -147,7 +147,7 @@ def responses_options_echo(options: dict, compared: str | None) -> dict:
     """`prompt_cache_options` as the response object shows what was applied."""
     return {"mode": options.get("mode") if options.get("mode") in ("implicit", "explicit") else "implicit",
             "ttl": options.get("ttl") if options.get("ttl") in ("30m", "12h") else "30m",
-            "comparison_response_id": compared}
+            "comparison_response_id": compared, "prewarm": options.get("prewarm") is True}
 
 
 def responses_diagnostics(diagnosis: CacheDiagnosis) -> dict:

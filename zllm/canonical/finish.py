@@ -13,6 +13,7 @@ class FinishReason(enum.Enum):
     TOOL_CALLS = "tool_calls"        # the turn ended with one or more tool calls
     REPETITION = "repetition"        # the loop guard ended a generation stuck repeating itself
     ABORT = "abort"                  # the client went away or cancelled
+    PREFILLED = "prefilled"          # a prefill-only request (ChatRequest.prefill_only): prompt kept, no output
     ERROR = "error"                  # the engine failed; Finished.error says why
 
 

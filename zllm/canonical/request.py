@@ -155,6 +155,10 @@ class ChatRequest:
     response_format: ResponseFormat | None = None
     # what the edge changed in the conversation before submitting it (context edits), for traces only
     notes: tuple[str, ...] = ()
+    # prefill the prompt into the prefix cache and generate nothing (Anthropic `max_tokens: 0`, Responses
+    # `prompt_cache_options.prewarm`): the stream ends with Finished(PREFILLED) and the prompt's cache split
+    # once the prompt is in the cache, which keeps it as it keeps a finished request's. `sampling` is not used
+    prefill_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.messages:

@@ -65,6 +65,9 @@ class EngineRequest:
     loop_guard: LoopGuard | None = None
     # prompt-lookup speculative decoding (None: off); off by itself for models whose cache cannot be cropped
     speculation: SpeculationConfig | None = None
+    # end as soon as the prompt is prefilled (Finished PREFILLED), before sampling anything; the prefix cache
+    # keeps the prompt as it keeps any finished request's terminal state
+    prefill_only: bool = False
     aborted: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)  # queue wait counts in the TTFT
     prompt_reported: bool = False  # engine thread: report_prompt already ran

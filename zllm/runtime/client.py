@@ -233,7 +233,8 @@ class LocalEngineClient:
             request_id=request.id,
             prompt_ids=prompt.token_ids,
             sampling=_sampling_config(request),
-            max_tokens=min(request.sampling.max_tokens or room, room),
+            # a prefill-only request samples nothing: one token's budget keeps its decode reservation minimal
+            max_tokens=1 if request.prefill_only else min(request.sampling.max_tokens or room, room),
             sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
             # queued before Finished on the same loop: the split is always known before the stream ends
             prompt_sink=lambda usage: loop.call_soon_threadsafe(prompt_split.set_result, usage),
@@ -250,7 +251,8 @@ class LocalEngineClient:
                                        new_call_id=new_tool_call_id),
             fence=fence,
             loop_guard=LoopGuard(),
-            speculation=self.speculation,
+            speculation=None if request.prefill_only else self.speculation,  # a drafter would prefill for nothing
+            prefill_only=request.prefill_only,
             dialect=self.dialect.name,
             fence_label=fence_label(request) if fence is not None else "off",
         )

@@ -19,6 +19,10 @@ Prefix cache (zllm/kvcache): admission looks the prompt up (device tier, then SS
 suffix into a working cache over pooled buffers; after the request ends — finished or aborted, not failed —
 the terminal state (prompt + every generated token that was fed forward) is kept for the next turn.
 
+A prefill-only request (a cache prewarm) is a row like any other until its prompt is prefilled; it then ends
+with PREFILLED instead of sampling, and its prompt is kept like a finished request's terminal state. A request
+that continues a prewarm still prefilling takes its prefill over (`_hand_over_prewarms`).
+
 An abort is a per-request flag read at every step: the row leaves at the next step and its memory goes back
 (a request aborted while waiting ends with ABORT without running). An exception in one row's sampling or
 output ends that row with ERROR; one in the shared forward ends the rows in it (their caches may be half
@@ -64,6 +68,11 @@ PROGRESS_REPORT_S = 1.0
 
 _SHUTDOWN = object()
 _WAKE = object()  # a restore finished: look at the restores again
+
+# a prewarm's prompt ends with the generation prompt its template adds after the last message, which the next
+# turn renders differently (its history continues with the answer): a request that shares all of a prewarm's
+# prompt but at most this many tokens continues it (continues_prewarm)
+PREWARM_TAIL_TOKENS = 32
 
 # what a row hands the step: its tokens for the shared forward and what to do with its logits afterwards
 # (the callback returns Finished when the row ended)
@@ -155,6 +164,7 @@ class EngineLoop:
                 while self._receive():
                     self._join_restored()
                     self._end_aborted()  # before admission: see _end_aborted
+                    self._hand_over_prewarms()  # likewise
                     self._admit_waiting()
                     if self._rows:
                         self._step()
@@ -188,6 +198,23 @@ class EngineLoop:
         waits for no more than the step it would have waited for anyway."""
         for active in [a for a in self._rows if a.request.aborted.is_set()]:
             self._end(active, active.finished(FinishReason.ABORT))
+
+    def _hand_over_prewarms(self) -> None:
+        """End a prefill-only row still prefilling, keeping what it computed, when a waiting request continues
+        its prompt (see `continues_prewarm`): the client warmed the next turn and sent that turn before the
+        warm-up was done. Left running, the prewarm and the turn would prefill the same prefix side by side, each
+        at half the speed, and the turn would find nothing cached; ended first, as `_end_aborted` ends an
+        aborted row, the turn's lookup finds the prefix computed so far and its own prefill does the rest once.
+        The prewarm answers PREFILLED with the whole prompt as written: the turn that continues it keeps it."""
+        prewarms = [a for a in self._rows if a.request.prefill_only and a.logits is None]
+        if not prewarms or not len(self._line):
+            return
+        for request in self._line.candidates():
+            for active in [a for a in prewarms if a in self._rows]:
+                if continues_prewarm(request, active.request, self.engine.length(active.cache)):
+                    log.info("%s continues the prewarm %s: it takes over its prefill", request.request_id,
+                             active.request.request_id)
+                    self._end(active, active.finished(FinishReason.PREFILLED))
 
     def _admit_waiting(self) -> None:
         """Carry out the scheduler's admission (scheduler.plan_admission) over the waiting line."""
@@ -352,17 +379,20 @@ class EngineLoop:
         chunk = active.request.prompt_ids[held:held + tokens]
         return Row(active.cache, chunk), partial(self._prefilled, active)
 
-    def _prefilled(self, active: ActiveRequest, logits: Logits) -> None:
+    def _prefilled(self, active: ActiveRequest, logits: Logits) -> Finished | None:
+        """After a prefill chunk's forward; Finished when a prefill-only request has its whole prompt."""
         if self._prompt_left(active) > 0:
             if time.perf_counter() - (active.progress_reported_at or active.admitted_at) >= PROGRESS_REPORT_S:
                 self._report_progress(active)
-            return
+            return None
         active.logits = logits
         active.prefilled_at = time.perf_counter()
         if self.prefix_cache is not None:
             self.prefix_cache.observe_prefill(len(active.request.prompt_ids) - active.cached_tokens,
                                               active.prefill_forward_s)
         self._observe(request_report("started", active.request, active))
+        # a prewarm: nothing to sample; _end retires the prompt into the prefix cache like a finished request's
+        return active.finished(FinishReason.PREFILLED) if active.request.prefill_only else None
 
     def _report_progress(self, active: ActiveRequest) -> None:
         """A "prefilling" report (`zllm status`, `zllm trace`): how much of the prompt the row's cache holds."""
@@ -480,3 +510,14 @@ class EngineLoop:
             hidden_ids=self._hidden_ids,
         )
         return TurnOutput(text_stage, request.parser or PlainTextParser())
+
+
+def continues_prewarm(request: EngineRequest, prewarm: EngineRequest, held: int) -> bool:
+    """Whether `request` is the turn `prewarm` warmed: same namespace, and its prompt shares everything the
+    prewarm computed so far (`held` tokens) and all of the prewarm's prompt but its last PREWARM_TAIL_TOKENS. A
+    side request that shares only a system prompt does not qualify: it must not cut a long prewarm short."""
+    if request.namespace != prewarm.namespace:
+        return False
+    ours, theirs = request.prompt_ids, prewarm.prompt_ids
+    need = max(held, len(theirs) - PREWARM_TAIL_TOKENS)
+    return len(ours) >= need and ours[:need] == theirs[:need]

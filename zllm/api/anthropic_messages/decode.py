@@ -10,7 +10,9 @@
      "context_management": {…}, "metadata": {"user_id": "{…}"}}
 
 `max_tokens` is required, as Anthropic requires it; a value above the room left in the window is clamped by
-the engine (Claude Code always asks for 32000), never rejected. count_tokens bodies carry no `max_tokens`.
+the engine (Claude Code always asks for 32000), never rejected. `max_tokens: 0` is Anthropic's cache prewarm:
+the prompt is prefilled into the prefix cache and the answer has no content, stop_reason "max_tokens" and the
+usage split (canonical `prefill_only`). count_tokens bodies carry no `max_tokens`.
 `thinking` (enabled / adaptive / disabled) becomes the canonical reasoning switch; a model family that
 cannot reason ignores it. `context_management.edits` are decoded here and applied by the route, which needs
 the engine to weigh the conversation (context_management.py, api/context_edits).
@@ -19,7 +21,7 @@ Validation errors are `InvalidRequest` naming the field; unknown fields and beta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zllm.api.anthropic_messages.context_management import decode_context_management
 from zllm.api.anthropic_messages.conversation import decode_conversation
@@ -55,9 +57,12 @@ class MessagesCall:
 
 def decode_messages_request(body: dict, *, request_id: str, namespace: str) -> MessagesCall:
     max_tokens = required(body, "max_tokens", "integer")
-    if max_tokens < 1:
-        raise InvalidRequest(f"`max_tokens` must be at least 1, got {max_tokens}", param="max_tokens")
-    request = _decode_request(body, request_id=request_id, namespace=namespace, max_tokens=max_tokens)
+    if max_tokens < 0:
+        raise InvalidRequest(f"`max_tokens` must be at least 0 (0 only fills the prompt cache), got {max_tokens}",
+                             param="max_tokens")
+    request = _decode_request(body, request_id=request_id, namespace=namespace, max_tokens=max_tokens or None)
+    if max_tokens == 0:  # a prewarm: the sampling budget is unused
+        request = replace(request, prefill_only=True)
     return MessagesCall(request=request, stream=bool(optional(body, "stream", "boolean")),
                         edits=decode_context_management(body))
 

@@ -79,6 +79,8 @@ STOP_REASONS: dict[FinishReason, str] = {
     # not an Anthropic value: the loop guard stopped a generation stuck repeating itself (a paused compaction's
     # "compaction" has no canonical finish reason: compaction.py answers it without the engine)
     FinishReason.REPETITION: "repetition",
+    # `max_tokens: 0` (a cache prewarm) reached its budget of no output tokens
+    FinishReason.PREFILLED: "max_tokens",
 }
 
 # the header every Anthropic client sends (any value): how the shared /v1/models route tells them apart

@@ -45,4 +45,6 @@ DONE_REASONS: dict[FinishReason, str] = {
     FinishReason.LENGTH: "length",
     # not an Ollama value: the loop guard stopped a generation stuck repeating itself (as on the other APIs)
     FinishReason.REPETITION: "repetition",
+    # Ollama has no prefill-only request (its empty-prompt preload runs nothing: LOAD); for a total table
+    FinishReason.PREFILLED: "length",
 }

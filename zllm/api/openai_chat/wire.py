@@ -56,6 +56,8 @@ FINISH_REASONS: dict[FinishReason, str] = {
     # not an OpenAI value: the loop guard stopped a generation stuck repeating itself (distinct on purpose,
     # so a client can tell it from a natural stop)
     FinishReason.REPETITION: "repetition",
+    # Chat has no prefill-only request; mapped so that the table covers every reason
+    FinishReason.PREFILLED: "length",
 }
 
 DONE = "[DONE]"

@@ -6,7 +6,12 @@
      "tools": [{"type": "function", …}, {"type": "namespace", …}, {"type": "custom", …}],
      "tool_choice": "auto", "parallel_tool_calls": true, "max_output_tokens": 256,
      "temperature": 0.2, "top_p": 1, "reasoning": {"effort": "medium"}, "text": {"format": {"type": "text"}},
-     "metadata": {…}, "user": "…", "prompt_cache_key": "<thread id>", "generate": false}
+     "metadata": {…}, "user": "…", "prompt_cache_key": "<thread id>", "generate": false,
+     "prompt_cache_options": {"prewarm": true}}
+
+`prompt_cache_options.prewarm: true` prefills the prompt into the prefix cache and generates nothing (canonical
+`prefill_only`; it overrides `generate`, as OpenAI documents): the response completes with no output and
+usage saying what was read from the cache and written to it. `generate: false` alone runs nothing.
 
 A chained turn's conversation is the stored one (input + output of `previous_response_id`) plus the new
 input; `instructions` never carry over (OpenAI's rule), so they are put in front of each request afresh.
@@ -57,6 +62,7 @@ class ResponsesCall:
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
     generate: bool = True
+    prewarm: bool = False                             # prompt_cache_options.prewarm
     thinking: bool | None = None
     response_format: ResponseFormat | None = None
     echo: dict = field(default_factory=dict)          # fields the Response object repeats
@@ -90,6 +96,7 @@ def decode_responses_request(body: dict, *, seal: CompactionSeal | None = None) 
         previous_response_id=optional(body, "previous_response_id", "string") or None,
         prompt_cache_key=optional(body, "prompt_cache_key", "string") or None,
         generate=optional(body, "generate", "boolean") is not False,
+        prewarm=_prewarm(body),
         thinking=thinking_from_effort((optional(body, "reasoning", "object") or {}).get("effort"), "reasoning.effort"),
         response_format=decode_format(_text_format(body), "text.format", nested_schema=False),
         echo=_echo(body, raw_tools, instructions),
@@ -129,7 +136,13 @@ def chat_request(call: ResponsesCall, plan: Plan, *, request_id: str, namespace:
         cache_hint=call.prompt_cache_key,
         thinking=call.thinking,
         response_format=call.response_format,
+        prefill_only=call.prewarm,
     )
+
+
+def _prewarm(body: dict) -> bool:
+    options = optional(body, "prompt_cache_options", "object") or {}
+    return bool(optional(options, "prewarm", "boolean", "prompt_cache_options.prewarm"))
 
 
 def _text_format(body: dict) -> dict | None:

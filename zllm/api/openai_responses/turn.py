@@ -3,6 +3,7 @@ records the response when it finishes.
 
     turn = await begin_turn(body, engine=engine, chain=chain, namespace=ns)   # raises before any event
     turn.stream is None         → `generate: false`: send `turn.encoder.prewarm()`, nothing runs
+    (`prompt_cache_options.prewarm` runs a prefill-only request: a stream like any other, with no output)
     else                        → send `turn.encoder.start()`, then `turn.encoder.feed(event)` per event
 
 Everything that can be the client's fault (bad body, unknown previous response, unknown model, prompt too
@@ -36,7 +37,7 @@ from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
 from zllm.canonical import EngineClient, Message, RequestStream
-from zllm.errors import ContextLengthExceeded, ModelNotFound
+from zllm.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from zllm.store import StoredResponse
 
 _TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
@@ -70,7 +71,9 @@ async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, 
     else:
         encoder = ResponseEventEncoder(shell, plan.tools, encrypted_reasoning=call.encrypted_reasoning,
                                        on_finish=record)
-    if not call.generate:
+    if compacting and call.prewarm:
+        raise InvalidRequest("`prompt_cache_options.prewarm` cannot run a compaction", param="prompt_cache_options")
+    if not call.generate and not call.prewarm:
         window = _check_model(engine, call.model)
         if call.store and plan.conversation:  # kept: held to a turn's window, or the store fills with the unusable
             await _check_fits(engine, chat_request(call, plan, request_id=ids.request_id(), namespace=namespace),

@@ -5,7 +5,8 @@ Request fields decoded (decode.py); every other field is accepted and ignored (C
 
     model, input, instructions, tools, tool_choice, parallel_tool_calls, max_output_tokens, temperature,
     top_p, stream, store, include, previous_response_id, text.format (type "text" only for now),
-    reasoning, metadata, user, prompt_cache_key, truncation, generate (WebSocket prewarm)
+    reasoning, metadata, user, prompt_cache_key, truncation, generate (WebSocket warm-up: runs nothing),
+    prompt_cache_options (comparison_response_id, prewarm: a prefill-only request)
 
 Input items: message (roles developer/system/user/assistant), reasoning, function_call(+_output),
 custom_tool_call(+_output), additional_tools, compaction (zllm's own, see compaction.py) and a final
@@ -77,6 +78,7 @@ FINISH_STATUS: dict[FinishReason, str] = {
     FinishReason.LENGTH: STATUS_INCOMPLETE,
     FinishReason.REPETITION: STATUS_INCOMPLETE,
     FinishReason.ERROR: STATUS_FAILED,
+    FinishReason.PREFILLED: STATUS_COMPLETED,  # `prompt_cache_options.prewarm`: done, with no output
     FinishReason.ABORT: STATUS_CANCELLED,  # only after `POST /v1/responses/{id}/cancel` (encode.py)
 }
 TERMINAL_EVENTS: dict[str, str] = {

@@ -127,6 +127,13 @@ def test_count_tokens_decodes_the_same_prompt_without_max_tokens():
     assert request.sampling.max_tokens is None
 
 
+def test_max_tokens_0_is_a_prefill_only_request_of_the_same_prompt():
+    warm = decode(body_with(USER, max_tokens=0))
+    assert warm.prefill_only and warm.sampling.max_tokens is None
+    assert not decode(body_with(USER)).prefill_only
+    assert warm.messages == decode(body_with(USER)).messages
+
+
 def test_system_as_string_and_absent():
     assert decode(body_with([{"role": "user", "content": "hi"}], system="Be brief.")).messages == (
         Message("system", "Be brief."), Message("user", "hi"))
@@ -223,7 +230,7 @@ USER = [{"role": "user", "content": "hi"}]
     ("body", "param", "words"),
     [
         ({"model": MODEL, "messages": USER}, "max_tokens", "missing required parameter `max_tokens`"),
-        (body_with(USER, max_tokens=0), "max_tokens", "at least 1"),
+        (body_with(USER, max_tokens=-1), "max_tokens", "at least 0"),
         ({"model": MODEL, "max_tokens": 5}, "messages", "missing required parameter `messages`"),
         (body_with([]), "messages", "must not be empty"),
         ({"max_tokens": 5, "messages": USER}, "model", "missing required parameter `model`"),

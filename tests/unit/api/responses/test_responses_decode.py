@@ -179,7 +179,24 @@ def test_generate_false_and_unknown_fields():
     assert call.generate is False
 
 
+@pytest.mark.parametrize(("options", "prefill_only"), [
+    ({"prewarm": True}, True), ({"prewarm": False}, False), ({"prewarm": None}, False), ({}, False), (None, False),
+    ({"prewarm": True, "ttl": "30m", "mode": "implicit"}, True),
+])
+def test_prompt_cache_options_prewarm_is_a_prefill_only_request(options, prefill_only):
+    _, _, request = decode({"model": "m", "input": "hi", "prompt_cache_options": options})
+    assert request.prefill_only is prefill_only
+    # it overrides `generate: false` (OpenAI's rule): the prompt is prefilled all the same
+    assert decode_responses_request({"model": "m", "input": "hi", "generate": False,
+                                     "prompt_cache_options": options}).prewarm is prefill_only
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
+    ({"model": "m", "input": "x", "prompt_cache_options": {"prewarm": "yes"}}, "prompt_cache_options.prewarm",
+     "must be a boolean"),
+    ({"model": "m", "input": "x", "prompt_cache_options": {"prewarm": 1}}, "prompt_cache_options.prewarm",
+     "must be a boolean"),
+    ({"model": "m", "input": "x", "prompt_cache_options": True}, "prompt_cache_options", "must be an object"),
     ({"input": "x"}, "model", "missing required parameter"),
     ({"model": "m"}, "input", "must not be empty"),
     ({"model": "m", "input": 3}, "input", "must be an array"),

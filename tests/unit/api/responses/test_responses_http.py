@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.fake_engine import error_events, text_events, tool_call_events
 from zllm.api.auth import NAMESPACE_SECRET, namespace_for_key
-from zllm.canonical import Message, ReasoningDelta, ToolCall
+from zllm.canonical import Finished, FinishReason, Message, ReasoningDelta, ToolCall, Usage
 from zllm.errors import ContextLengthExceeded
 
 SH = {"type": "function", "name": "sh", "description": "run a command",
@@ -224,3 +224,18 @@ def test_plain_get_without_upgrade_is_405_in_openai_shape(server):
     assert caught.value.code == 405
     error = json.load(caught.value)["error"]
     assert error["type"] == "invalid_request_error" and "Upgrade: websocket" in error["message"]
+
+
+def test_prewarm_overrides_generate_false_and_cannot_compact(client, engine):
+    engine.script([Finished(FinishReason.PREFILLED, Usage(12, 0, 2, cache_write_tokens=10))])
+    response = client.responses.create(model="fake-model", input="hi", prompt_cache_options={"prewarm": True},
+                                       extra_body={"generate": False})
+    assert (response.status, response.output, response.usage.output_tokens) == ("completed", [], 0)
+    details = response.usage.input_tokens_details
+    assert (details.cached_tokens, details.cache_write_tokens) == (2, 10)
+    assert engine.submitted[-1].prefill_only, "a prewarm runs, unlike a bare `generate: false`"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="fake-model", input=[{"role": "user", "content": "hi"},
+                                                           {"type": "compaction_trigger"}],
+                                prompt_cache_options={"prewarm": True})
+    assert caught.value.body["param"] == "prompt_cache_options"
