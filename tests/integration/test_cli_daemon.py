@@ -18,7 +18,7 @@ import pytest
 from tests.support.daemon import CliEnv
 from tests.support.tiny_models import tiny_qwen_dir
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a daemon start on a loaded 2-core machine took over 60 s
 
 MODEL = "tiny-qwen"
 
@@ -30,7 +30,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory):
     env.close()  # kills whatever the tests left running
 
 
-def spawn(cli: CliEnv, *args: str, timeout: float = 60) -> pexpect.spawn:
+def spawn(cli: CliEnv, *args: str, timeout: float = 150) -> pexpect.spawn:
     """`zllm ARGS` on a terminal (progress, live views), wide enough that table cells are not cut."""
     return pexpect.spawn(sys.executable, ["-m", "zllm", *args], env=cli.env, encoding="utf-8", timeout=timeout,
                          dimensions=(40, 250))
