@@ -6,13 +6,14 @@ sends a prompt built for OpenAI's models.
                  "shell_type": "shell_command", "apply_patch_tool_type": "freeform", "use_responses_lite": false,
                  "input_modalities": ["text"], "base_instructions": "You are a coding agent …", …}]}
 
-Codex reads it from `GET /v1/models?client_version=…` (since 0.145, for a custom provider; meta_routes.py), and
-from the file `zllm codex` writes (`model_catalog_json`, zllm/cli/codex_catalog.py): both are built here.
-One entry per model, in the shape of Codex's `ModelInfo` (codex-rs/protocol openai_models.rs). Codex ignores
-fields it does not know (so one body can carry both this and the OpenAI list) but refuses the whole catalog on a
-value it does not know (0.171 knows only `freeform` for `apply_patch_tool_type`). Checked with Codex 0.171.0 against `zllm serve`: the fallback warning
-is gone, and its first request is much shorter (it no longer carries the instructions written for OpenAI's
-models). What it tells Codex, and why:
+Codex reads it from `GET /v1/models?client_version=…` (meta_routes.py; Codex 0.171 asks a custom provider
+only when its key comes from a command, `[model_providers.X.auth]`) and from the file `zllm codex` writes
+(`model_catalog_json`, zllm/cli/codex_catalog.py): both are built here. One entry per model, in the shape of
+Codex's `ModelInfo` (codex-rs/protocol openai_models.rs). Codex ignores fields it does not know (so one body
+can carry both this and the OpenAI list) but refuses the whole catalog on a value it does not know (0.171
+knows only `freeform` for `apply_patch_tool_type`). Checked with Codex 0.171.0 against `zllm serve`: the
+fallback warning is gone, and its first request is much shorter (it no longer carries the instructions written
+for OpenAI's models). What it tells Codex, and why:
 
 * the real window, and when to compact: at `COMPACT_AT` of it, leaving room for the summary zllm writes;
 * tools a small model can call: a shell, `apply_patch` as a freeform tool (zllm offers it to the model as

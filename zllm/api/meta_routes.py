@@ -80,6 +80,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/healthz", health)
     app.router.add_get("/v1/models", list_models)
-    # Codex asks `{base_url}/models`: a provider configured with a base_url without /v1 lands here
+    # Codex asks `{base_url}/models`; the list answers without the /v1 prefix too, as gateways serve it
     app.router.add_get("/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)

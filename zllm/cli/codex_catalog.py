@@ -1,6 +1,6 @@
-"""The catalog file `zllm codex` writes and points Codex's `model_catalog_json` at (for a Codex older than
-0.145, which does not ask `GET /v1/models`); its entries are built in zllm/api/codex_models.py, the same ones
-the daemon answers Codex's model discovery with."""
+"""The catalog file `zllm codex` writes and points Codex's `model_catalog_json` at (Codex does not ask
+`GET /v1/models` of a provider whose key comes from `env_key`, as `zllm codex` configures it); its entries are
+built in zllm/api/codex_models.py, the same ones the daemon answers Codex's model discovery with."""
 
 from __future__ import annotations
 
