@@ -25,6 +25,9 @@ stored or not, so `previous_response_id` chains with `store: false` (Codex's def
 across its streams (a fork chains a new stream to another's response). When disabled by config the upgrade is
 refused with 426 and Codex falls back to `POST /v1/responses`. On daemon shutdown idle sockets are closed at
 once (1001 going away); busy ones after their responses (frames not yet started are dropped).
+While a response sends nothing (a long prefill), its `response.in_progress` repeats once a minute (the
+SSE pump's event heartbeat, `sse_event_heartbeat_s`): Codex's watchdog closes a socket silent for
+`stream_idle_timeout_ms` (300 s by default) and retries the turn from scratch.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from zllm.api.auth import request_namespace
 from zllm.api.cache_diagnostics import CacheDiagnostics, diagnostics_of
-from zllm.api.context import engine_of
+from zllm.api.context import engine_of, keep_alive_of
 from zllm.api.errors import (
     describe_exception,
     openai_error_body,
@@ -94,7 +97,8 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     chain = ResponseChain(store_of(request), ConnectionResponses(), seal=seal_of(request))
     session = WebSocketSession(ws, engine_of(request), chain, request_namespace(request), in_flight_of(request),
-                               diagnostics=diagnostics_of(request), app=request.app)
+                               diagnostics=diagnostics_of(request), app=request.app,
+                               heartbeat_s=keep_alive_of(request).event_s)
     sessions.open.add(session)
     try:
         await session.run()
@@ -111,8 +115,11 @@ class WebSocketSession:
 
     def __init__(self, ws: web.WebSocketResponse, engine: EngineClient, chain: ResponseChain, namespace: str,
                  in_flight: InFlightResponses, *, app: web.Application,
-                 diagnostics: CacheDiagnostics | None = None):
+                 diagnostics: CacheDiagnostics | None = None, heartbeat_s: float | None = None):
         self.ws = ws
+        # a response's `response.in_progress` again after this long without a frame of it (a long prefill):
+        # Codex's watchdog (`stream_idle_timeout_ms`, 300 s) closes a socket that stays silent, as on SSE
+        self.heartbeat_s = heartbeat_s
         self.app = app  # whose parse slots a big frame waits for
         self.diagnostics = diagnostics  # prompt fingerprints for `prompt_cache_diagnostics`
         self.engine = engine
@@ -235,6 +242,8 @@ class WebSocketSession:
 
     async def _pump(self, turn: Turn, lane: Lane) -> None:
         stream = turn.stream
+        lane.last_sent = asyncio.get_running_loop().time()
+        beats = asyncio.ensure_future(self._heartbeats(turn, lane)) if self.heartbeat_s else None
         try:
             await self._send(turn.encoder.start(), lane.stream_id)
             async for event in stream:
@@ -251,6 +260,20 @@ class WebSocketSession:
         except Exception as exc:  # a bug in the encoder or pump: report it in-band, never as a traceback
             stream.abort()
             await self._send_quietly(turn.encoder.fail(describe_exception(exc)), lane.stream_id)
+        finally:
+            if beats is not None:
+                beats.cancel()
+
+    async def _heartbeats(self, turn: Turn, lane: Lane) -> None:
+        assert self.heartbeat_s is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, lane.last_sent + self.heartbeat_s - loop.time()))
+            if loop.time() - lane.last_sent >= self.heartbeat_s * 0.99:  # a timer may fire a hair early
+                beat = turn.encoder.heartbeat()
+                if not beat:  # the response has ended
+                    return
+                await self._send_quietly(beat, lane.stream_id)
 
     # ---------------------------------------------------------------- writing
 
@@ -259,6 +282,9 @@ class WebSocketSession:
         async with self._writing:
             for event in events:
                 await self.ws.send_str(json.dumps({**event, **tag}, separators=(",", ":")))
+        lane = self._lanes.get(stream_id)
+        if lane is not None and events:
+            lane.last_sent = asyncio.get_running_loop().time()
 
     async def _send_quietly(self, events: list[dict], stream_id: str | None) -> None:
         try:
@@ -283,6 +309,7 @@ class Lane:
         self.running: InFlightResponse | None = None  # the response being generated
         self.last_create: dict | None = None          # the settings `response.append` reuses
         self.last_response_id: str | None = None      # what `response.append` chains to
+        self.last_sent = 0.0                          # loop time of its last frame (heartbeats)
         self._jobs: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
         self._worker: asyncio.Future | None = None
 

@@ -195,3 +195,20 @@ def test_frames_of_one_stream_still_run_in_order(server, engine):
     assert first[-1]["response"]["output"][0]["content"][0]["text"] == "one " * 10
     assert second[0]["type"] == "response.created" and second[-1]["type"] == "response.completed"
 
+
+
+def test_a_long_prefill_sends_in_progress_heartbeats_on_its_stream(serve, engine):
+    # Codex closes a socket silent for `stream_idle_timeout_ms`: a slow first token must not look like that
+    server = serve(engine, sse_event_heartbeat_s=0.1)
+    engine.script(text_events("late"), delay=0.5)
+
+    async def conversation(ws):
+        await ws.send_json(create(stream_id="s", input=[user("hi")]))
+        return await receive_until(ws, lambda frames: any(f["type"] in TERMINAL for f in frames))
+
+    frames = run_ws(server, conversation)
+    head = [f["type"] for f in frames[:frames.index(next(f for f in frames if "delta" in f["type"]))]]
+    assert head[0] == "response.created" and head.count("response.in_progress") >= 3  # start's one + beats
+    assert {f["stream_id"] for f in frames} == {"s"}
+    assert [f["sequence_number"] for f in frames] == list(range(len(frames)))
+    assert frames[-1]["type"] == "response.completed"
