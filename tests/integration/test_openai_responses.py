@@ -112,3 +112,33 @@ def test_a_websocket_turn(responses_daemon: Daemon) -> None:
     assert [f["type"] for f in prewarm] == ["response.created", "response.completed"]
     assert turn[0]["type"] == "response.created" and turn[-1]["type"] == "response.incomplete"
     assert turn[-1]["response"]["usage"]["output_tokens"] == MAX_OUT
+
+
+def test_websocket_streams_multiplex_and_cancel_on_a_real_daemon(responses_daemon: Daemon) -> None:
+    """Frames as Codex and OpenAI's WebSocket mode send them, against the daemon and its engine: two streams
+    at once, an acknowledgement that draws no answer, one stream cancelled while the other completes."""
+    base = {"type": "response.create", "model": TINY, "store": False, "temperature": 0}
+    terminal = ("response.completed", "response.incomplete", "response.failed", "error")
+
+    async def main():
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer test-key"}) as session:
+            async with session.ws_connect(f"{responses_daemon.base_url}/v1/responses") as ws:
+                await ws.send_json({**base, "stream_id": "a", "max_output_tokens": MAX_OUT, "input": "Say hello."})
+                await ws.send_json({"type": "response.processed", "response_id": "resp_earlier"})
+                await ws.send_json({**base, "stream_id": "b", "max_output_tokens": CONTEXT // 2,
+                                    "input": "Count to a thousand."})
+                frames, cancelled = [], False
+                while len([f for f in frames if f["type"] in terminal]) < 2:
+                    frames.append(await asyncio.wait_for(ws.receive_json(), 60))
+                    if not cancelled and frames[-1]["type"] == "response.created" and frames[-1]["stream_id"] == "b":
+                        await ws.send_json({"type": "response.cancel", "stream_id": "b"})
+                        cancelled = True
+                return frames
+
+    frames = asyncio.run(main())
+    ends = {f["stream_id"]: f for f in frames if f["type"] in terminal}
+    assert all("stream_id" in f for f in frames)  # no untagged frame: the acknowledgement drew no error
+    assert ends["a"]["type"] == "response.incomplete"  # stopped by max_output_tokens, as in the turn above
+    assert ends["a"]["response"]["usage"]["output_tokens"] == MAX_OUT
+    assert (ends["b"]["type"], ends["b"]["response"]["status"]) == ("response.incomplete", "cancelled")
+    assert ends["b"]["response"]["usage"]["output_tokens"] < CONTEXT // 2

@@ -283,7 +283,9 @@ def table(api: str, model: str) -> list[BadRequest]:
             body = json.dumps({**base, "previous_response_id": pid}).encode()
             cases.append(BadRequest(api, f"previous_response_id={pid!r:.20}", body))
     if api == "ws":
-        cases.append(BadRequest(api, "wrong_type_field", json.dumps({**base, "type": "response.cancel"}).encode()))
+        # a server event's name (`response.cancel` and `response.processed` are client frames answered by
+        # nothing when there is nothing to cancel or answer; see websocket_frames.py)
+        cases.append(BadRequest(api, "wrong_type_field", json.dumps({**base, "type": "response.completed"}).encode()))
         cases.append(BadRequest(api, "no_type_field", json.dumps({k: v for k, v in base.items() if k != "type"})
                                 .encode()))
     return cases

@@ -4,6 +4,10 @@
     GET /v1/models         → {"object": "list", "data": [{"id": "smollm2", "object": "model",
                                                            "created": 1700000000, "owned_by": "zllm",
                                                            "context_length": 8192}]}
+    GET /v1/models?client_version=0.171.0   (Codex's model discovery; also GET /models)
+                           → the same list, plus `"models": [ModelInfo, …]`: Codex's own catalog
+                             (codex_models.py) with the real window, when to compact and the tools the
+                             model handles. Codex ignores `object`/`data`, the SDKs ignore `models`.
     GET /v1/models/{id}    → one of those objects, or 404 model_not_found
 
 With an `anthropic-version` header (Anthropic clients) both answer, and fail, in Anthropic's shape instead
@@ -21,6 +25,7 @@ from zllm.api.anthropic_messages.models import (
     anthropic_model_list,
     speaks_anthropic,
 )
+from zllm.api.codex_models import codex_models
 from zllm.api.context import engine_of
 from zllm.api.errors import (
     ErrorShape,
@@ -30,6 +35,10 @@ from zllm.api.errors import (
 )
 from zllm.canonical import ModelCard
 from zllm.errors import ModelNotFound
+
+
+# the query parameter Codex's `GET {base_url}/models` carries (and no other client sends)
+CODEX_DISCOVERY = "client_version"
 
 
 def openai_model(card: ModelCard) -> dict:
@@ -51,7 +60,10 @@ async def list_models(request: web.Request) -> web.Response:
     cards = engine_of(request).models()
     if speaks_anthropic(request):
         return web.json_response(anthropic_model_list(cards))
-    return web.json_response({"object": "list", "data": [openai_model(card) for card in cards]})
+    body = {"object": "list", "data": [openai_model(card) for card in cards]}
+    if CODEX_DISCOVERY in request.query:
+        body |= codex_models([(card.id, card.context_length) for card in cards])
+    return web.json_response(body)
 
 
 @chooses_error_shape(_error_shape)
@@ -68,4 +80,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/healthz", health)
     app.router.add_get("/v1/models", list_models)
+    # Codex asks `{base_url}/models`; the list answers without the /v1 prefix too, as gateways serve it
+    app.router.add_get("/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)

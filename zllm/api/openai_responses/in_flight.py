@@ -35,10 +35,15 @@ class InFlightResponse:
     encoder: ResponseEventEncoder
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def cancel(self, wait_s: float = CANCEL_WAIT_S) -> dict:
-        """The response as its stream ended: "cancelled", or whatever it reached first had it just finished."""
+    def stop(self) -> None:
+        """Cancel without waiting: the pump sends the terminal event when the stream ends (WebSocket
+        `response.cancel`)."""
         self.encoder.cancel()
         self.stream.abort()
+
+    async def cancel(self, wait_s: float = CANCEL_WAIT_S) -> dict:
+        """The response as its stream ended: "cancelled", or whatever it reached first had it just finished."""
+        self.stop()
         try:
             await asyncio.wait_for(self.ended.wait(), wait_s)
         except TimeoutError:

@@ -116,3 +116,13 @@ CUSTOM_TOOL_CALL_ID = "ctc"
 
 # WebSocket client frames
 WS_CREATE = "response.create"
+# Codex's incremental turn: only the new items, continuing the stream's last response with its settings
+WS_APPEND = "response.append"
+# Codex's acknowledgement that it has handled a response (nothing to answer)
+WS_PROCESSED = "response.processed"
+WS_CANCEL = "response.cancel"
+# mid-turn input for the running response; refused with WS_STEER_FAILED (see websocket_frames.py)
+WS_STEER = "response.steer"
+WS_STEER_FAILED = "response.steer.failed"
+# names a lane of a multiplexed socket; echoed on every frame of that lane
+WS_STREAM_ID = "stream_id"
