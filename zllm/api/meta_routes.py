@@ -6,7 +6,7 @@
                                                            "context_length": 8192}]}
     GET /v1/models?client_version=0.171.0   (Codex's model discovery; also GET /models)
                            → the same list, plus `"models": [ModelInfo, …]`: Codex's own catalog
-                             (codex_models.py) with the real window, when to compact and the tools the
+                             (zllm/codex_models.py) with the real window, when to compact and the tools the
                              model handles. Codex ignores `object`/`data`, the SDKs ignore `models`.
     GET /v1/models/{id}    → one of those objects, or 404 model_not_found
 
@@ -25,7 +25,7 @@ from zllm.api.anthropic_messages.models import (
     anthropic_model_list,
     speaks_anthropic,
 )
-from zllm.api.codex_models import codex_models
+from zllm.codex_models import codex_models
 from zllm.api.context import engine_of
 from zllm.api.errors import (
     ErrorShape,

@@ -1,6 +1,6 @@
 """The catalog file `zllm codex` writes and points Codex's `model_catalog_json` at (Codex does not ask
 `GET /v1/models` of a provider whose key comes from `env_key`, as `zllm codex` configures it); its entries are
-built in zllm/api/codex_models.py, the same ones the daemon answers Codex's model discovery with."""
+built in zllm/codex_models.py, the same ones the daemon answers Codex's model discovery with."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from zllm.api.codex_models import auto_compact_limit, codex_models
+from zllm.codex_models import auto_compact_limit, codex_models
 
 __all__ = ["auto_compact_limit", "write_catalog"]
 
