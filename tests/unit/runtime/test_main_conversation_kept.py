@@ -29,7 +29,7 @@ MODEL = "tiny"
 WINDOW = 4096
 TORCH_BYTES_PER_TOKEN = 512  # tiny qwen3 in float32: 2 layers x (K, V) x 2 heads x 16 dims x 4 bytes
 TORCH_BUDGET = (2048 + 2600) * TORCH_BYTES_PER_TOKEN
-SYSTEM = " ".join(f"Rule {i}: read tool {i % 13} output with care and keep edits small." for i in range(120))
+SYSTEM = " ".join(f"Rule {i}: read tool {i % 13} output with care and keep edits small." for i in range(95))
 SIDE_SYSTEM = " ".join(f"Write a short title, form {i}, five words at most." for i in range(16))
 SIDES_BEFORE, SIDES_AFTER = 5, 15  # around the second main turn: 20 in all
 
@@ -68,8 +68,11 @@ def tier_of(client: LocalEngineClient, rid: str) -> str:
 
 
 def side_requests(client: LocalEngineClient, first: int, count: int) -> None:
+    """Side requests that share nothing with each other (a classifier's or subagent's prompt differs early), so
+    each holds ~200 tokens of its own on either tier."""
     for i in range(first, first + count):
-        ask(client, f"side{i}", [Message("system", SIDE_SYSTEM), Message("user", f"Title for session {i}.")])
+        ask(client, f"side{i}", [Message("system", f"Side task {i}. {SIDE_SYSTEM}"),
+                                 Message("user", f"Title for session {i}.")])
 
 
 @pytest.mark.timeout(300)
