@@ -101,11 +101,12 @@ async def run(client: LocalEngineClient, rid: str, messages: list[Message], max_
 def session(client: LocalEngineClient, turns: int) -> dict:
     first_user = "Step 0: the update functions are slow. Please profile them and fix the worst one."
     main = [Message("system", main_system()), Message("user", first_user)]
-    hits, cached, prompt, prefilled, previous, sides = 0, 0, 0, 0, None, {}
+    hits, cached, prompt, prefilled, previous, sides, per_turn = 0, 0, 0, 0, None, {}, []
     started = time.perf_counter()
     for turn in range(1, turns + 1):
         finished = asyncio.run(run(client, f"main{turn}", main, 8))
         prefilled += finished.usage.prompt_tokens - finished.usage.cached_tokens
+        per_turn.append(f"{finished.usage.cached_tokens}/{finished.usage.prompt_tokens}")
         if previous is not None:
             hits += finished.usage.cached_tokens >= previous
             cached, prompt = cached + finished.usage.cached_tokens, prompt + finished.usage.prompt_tokens
@@ -119,7 +120,7 @@ def session(client: LocalEngineClient, turns: int) -> dict:
         main = main + history_turn(turn)[1:] + [Message("user", "Continue with the next step.")]
     stats = client.prefix_cache.stats()
     return {"main_turns_hit": f"{hits}/{turns - 1}", "main_cached_over_prompt": round(cached / prompt, 4),
-            "main_last_prompt_tokens": previous, "session_prefilled_tokens": prefilled,
+            "main_cached_per_turn": per_turn, "session_prefilled_tokens": prefilled,
             "wall_s": round(time.perf_counter() - started, 1), "main_spared": stats.main_spared,
             "entries_left": stats.entries, "side_prompt_tokens": sides}
 
