@@ -130,6 +130,7 @@ class CacheStats:
     ssd_rejected: int = 0  # SSD restores refused (a damaged or incompatible snapshot)
     kept: int = 0  # finished requests whose state the device tier kept
     not_kept: int = 0
+    main_spared: int = 0  # evictions that took a side request's state instead of a namespace's main conversation
     near_misses: int = 0
     prefill_s_per_token: float | None = None
     restore_s_per_byte: float | None = None

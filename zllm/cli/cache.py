@@ -88,6 +88,9 @@ def _stats_lines(data: dict) -> list[tuple[str, str]]:
         ("tokens", f"{s.prompt_tokens:,} prompt, {s.cached_tokens:,} cached ({percent(s.token_hit_rate)})"),
         ("near misses", str(s.near_misses)),
     ]
+    if s.main_spared:  # the main-conversation rule (kvcache/retention.py) decided an eviction
+        lines.append(("retention", f"{s.main_spared} evictions took a side request's state, "
+                                   "not a main conversation"))
     return lines
 
 

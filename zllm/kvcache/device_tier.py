@@ -6,8 +6,9 @@ needs them, so dropping an entry frees only the span no other entry shares.
 
 Policy:
 - **Budget** in real bytes (`RadixTree.bytes`, counted from storages) plus whatever the caller reserves
-  (the working cache of the running request). `make_room` evicts least-recently-used entries until the
-  new bytes fit: evict first, then admit; locked paths are never freed.
+  (the working cache of the running request). `make_room` evicts entries until the new bytes fit, least
+  recently used first except each namespace's main conversation (retention.py): evict first, then admit;
+  locked paths are never freed.
 - **Rounds.** Entries form conversations: an entry whose prompt contained the whole *prompt* of an earlier
   entry (the match reached into that entry's output) continues its conversation, one round later. Only the
   newest `rounds` rounds of a conversation are kept; older rounds' dead tails (the re-rendered output) go.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zllm.kvcache.radix import Match, Node, RadixTree
+from zllm.kvcache.retention import Eviction, Newcomer, next_eviction
 from zllm.kvcache.state import KVState, state_tensors, storage_bytes
 
 MAX_ENTRIES = 4096  # zero-byte duplicates (identical retries) must not accumulate without bound
@@ -79,11 +81,14 @@ class DeviceLookup:
 
 
 class DeviceTier:
-    def __init__(self, budget_bytes: int, rounds: int, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, budget_bytes: int, rounds: int, *, clock: Callable[[], float] = time.monotonic,
+                 on_spared: Callable[[Eviction], None] | None = None):
+        """`on_spared(eviction)`: called whenever the main-conversation rule kept a state LRU would have evicted."""
         assert budget_bytes >= 0 and rounds >= 1
         self.budget_bytes = budget_bytes
         self.rounds = rounds
         self._clock = clock
+        self._on_spared = on_spared
         self.trees: dict[str, RadixTree] = {}
         self.entries: dict[str, Entry] = {}
         self._hints: dict[tuple[str, str], str] = {}  # (namespace, client key) → newest entry id
@@ -91,6 +96,10 @@ class DeviceTier:
     @property
     def bytes(self) -> int:
         return sum(tree.bytes for tree in self.trees.values())
+
+    def now(self) -> float:
+        """The clock entries' `last_used` is read from."""
+        return self._clock()
 
     # ------------------------------------------------------------------ lookup and locks
 
@@ -163,14 +172,20 @@ class DeviceTier:
         per_token = sum(t.element_size() * t.numel() // max(t.shape[-2], 1) for t in state_tensors(working))
         return (len(tokens) - have) * per_token
 
-    def make_room(self, needed: int, reserved: int = 0) -> int:
-        """Evict LRU entries until bytes + reserved + needed fit the budget (or nothing is left); bytes freed."""
+    def make_room(self, needed: int, reserved: int = 0, newcomer: Newcomer | None = None) -> int:
+        """Evict entries until bytes + reserved + needed fit the budget (or nothing may go); bytes freed.
+
+        Which entry goes is the main-conversation rule's choice (retention.py); `newcomer`: the entry the room
+        is for, which may not take a namespace's main conversation unless it is one itself."""
         freed = 0
         while self.bytes + reserved + needed > self.budget_bytes:
-            victim = self._lru_entry()
-            if victim is None:
+            candidates = [e for e in self.entries.values() if e.node.locks == 0]
+            eviction = next_eviction(candidates, self.entries.values(), self._clock(), newcomer)
+            if eviction.spared is not None and self._on_spared is not None:
+                self._on_spared(eviction)
+            if eviction.victim is None:
                 break
-            freed += self.drop(victim.id)
+            freed += self.drop(eviction.victim.id)
         return freed
 
     def drop(self, entry_id: str) -> int:

@@ -31,6 +31,7 @@ from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
 from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.radix import Match, Node
+from zllm.kvcache.retention import Newcomer
 from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import unpack_tokens
 from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
@@ -74,7 +75,7 @@ class PrefixCache(CacheTiers):
         super().__init__(config, store, f"cost:{layout.key}:{torch.device(device).type}:{cost_key}", decode,
                          ssd_off)
         self.layout = layout
-        self.device_tier = DeviceTier(config.device_budget_bytes, max(config.rounds, 1))
+        self.device_tier = DeviceTier(config.device_budget_bytes, max(config.rounds, 1), on_spared=self._spared)
         self.pool = BufferPool(layout, device)
 
     # ------------------------------------------------------------------ request lifecycle (engine thread)
@@ -288,7 +289,9 @@ class PrefixCache(CacheTiers):
         new = tier.new_bytes(lease.namespace, sequence, state)
         if new + reserved > tier.budget_bytes:
             return None  # it could not fit even alone: evicting everything else would be for nothing
-        tier.make_room(new, reserved=reserved)
+        # a side request's state may not push out the namespace's main conversation (retention.py)
+        tier.make_room(new, reserved=reserved,
+                       newcomer=Newcomer(lease.namespace, len(sequence), lease.round, tier.now()))
         return tier.insert(lease.namespace, sequence, state, entry_id=entry_id, prompt_length=prompt_length,
                            lineage=lease.lineage, hint_key=hint_key, reserved=reserved)
 

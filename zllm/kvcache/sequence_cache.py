@@ -12,8 +12,9 @@ Here the engine owns every cell, and an entry IS a kept sequence in the engine's
 
 Budget, in tokens of the pool (`cells`): running requests reserve prompt + decode growth, entries count their
 whole length (cells shared between an entry and a row are counted twice, so the estimate never undercounts);
-least recently used entries are evicted to admit a request. An entry whose tokens are a prefix of a newer
-entry's is dropped when the newer one is kept: the newer sequence holds those cells too.
+least recently used entries are evicted to admit a request, each namespace's main conversation last
+(retention.py). An entry whose tokens are a prefix of a newer entry's is dropped when the newer one is kept:
+the newer sequence holds those cells too.
 
 The runtime-facing surface (acquire / finish / release / admission_need / admission_room / observe_prefill /
 stats / entries / prune / near_misses / flush / check_integrity / close) is PrefixCache's, so the engine loop and the control
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.near_miss import NearMiss
+from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_index import SnapshotInvalid, unpack_tokens
 from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
@@ -372,7 +374,9 @@ class SequencePrefixCache(CacheTiers):
                 self._evict(entry)
 
     def _make_room(self, need: int, keep: SequenceEntry | None = None) -> None:
-        """Evict least recently used entries until `need` more tokens and a spare sequence fit."""
+        """Evict entries until `need` more tokens and a spare sequence fit: least recently used first, except
+        each namespace's main conversation (retention.py). An entry just kept is one of the candidates, so a
+        side request's state goes before a main conversation's."""
         self._release_pending()
         while True:
             held = sum(e.length for e in self.entries_by_id.values())
@@ -380,7 +384,10 @@ class SequencePrefixCache(CacheTiers):
             if (held + self.reserved + need <= self.cells and not short_of_ids) or not self.entries_by_id:
                 return
             candidates = [e for e in self.entries_by_id.values() if e is not keep] or [keep]
-            self._evict(min(candidates, key=lambda e: e.last_used))
+            eviction = next_eviction(candidates, self.entries_by_id.values(), time.monotonic())
+            if eviction.spared is not None:
+                self._spared(eviction)
+            self._evict(eviction.victim)
             if keep is not None and keep.id not in self.entries_by_id:
                 keep = None
 

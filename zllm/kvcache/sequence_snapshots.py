@@ -38,6 +38,7 @@ import xxhash
 
 from zllm.cache_views import SsdStats
 from zllm.kvcache.blob_commit import commit_blob
+from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import set_aside
 from zllm.kvcache.soundness import RowCheck, recover
@@ -250,14 +251,16 @@ class SequenceSnapshots:
             self._touches[row.id] = touched
 
     def _enforce_budget(self) -> None:
-        rows = self.snapshots()
+        """Delete snapshots until the total fits: least recently used first, each namespace's main conversation
+        last (retention.py)."""
+        rows, now = self.snapshots(), time.time()
         total = sum(r.nbytes for r in rows)
         doomed = []
-        for row in reversed(rows):
-            if total <= self.budget_bytes:
-                break
-            doomed.append(row)
-            total -= row.nbytes
+        while total > self.budget_bytes and rows:
+            victim = next_eviction(rows, rows, now).victim
+            rows = [r for r in rows if r is not victim]
+            doomed.append(victim)
+            total -= victim.nbytes
         self._delete(doomed)
 
     def _delete(self, rows: list[SnapshotRow]) -> None:

@@ -12,6 +12,7 @@ import sqlite3
 import time
 
 from zllm.cache_views import SsdStats
+from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.soundness import RowCheck, descendants, recover
@@ -74,7 +75,8 @@ class Maintenance:
         return descendants(self.rows, row_id)
 
     def evict_to_budget(self, budget: int | None = None) -> list[str]:
-        """Delete least recently used leaf snapshots until the total fits; returns their ids."""
+        """Delete leaf snapshots until the total fits, least recently used first except each namespace's main
+        conversation (retention.py; its chain's inner rows are no leaves); returns their ids."""
         budget = self.budget_bytes if budget is None else budget
         evicted = []
         while True:
@@ -83,9 +85,9 @@ class Maintenance:
                     break
                 parents = {r.parent for r in self.rows.values() if r.parent is not None}
                 leaves = [r for r in self.rows.values() if r.id not in parents and r.id not in self._pinned]
-                if not leaves:
+                victim = next_eviction(leaves, self.rows.values(), time.time()).victim
+                if victim is None:
                     break
-                victim = min(leaves, key=lambda r: (r.last_used, -r.nbytes))
             self._remove([victim.id])
             evicted.append(victim.id)
         self.counters["evicted"] += len(evicted)

@@ -14,6 +14,7 @@ from typing import TypeVar
 from zllm.cache_views import CacheEntry, Tier
 from zllm.kvcache.cost import CostModel
 from zllm.kvcache.near_miss import NearMiss, NearMissLog
+from zllm.kvcache.retention import Eviction
 from zllm.kvcache.ssd_index import IndexLocked
 from zllm.kvcache.writer import SnapshotWriter
 
@@ -35,6 +36,7 @@ class Counters:
     ssd_rejected: int = 0
     kept: int = 0
     not_kept: int = 0
+    main_spared: int = 0  # evictions the main-conversation rule steered away from a namespace's main conversation
 
 
 def open_ssd_tier(open_store: Callable[[], Store]) -> tuple[Store | None, str | None]:
@@ -66,6 +68,14 @@ class CacheTiers:
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
         self.cost.observe_prefill(tokens, seconds)
+
+    def _spared(self, eviction: Eviction) -> None:
+        """The main-conversation rule kept `eviction.spared` where LRU would have evicted it (caller holds the lock)."""
+        self.counters.main_spared += 1
+        spared, victim = eviction.spared, eviction.victim
+        log.debug("kv cache: kept the main conversation of namespace %s (%d tokens) hot; %s", spared.namespace[:8],
+                  spared.length, f"evicted a {victim.length}-token entry instead" if victim is not None
+                  else "a side request's state is not kept")
 
     def near_misses(self) -> list[NearMiss]:
         return self.near_miss_log.records()

@@ -26,3 +26,9 @@ def test_a_tier_that_could_not_open_says_why() -> None:
     assert ssd_line({}) == "off"
     assert ssd_line({"ssd_off": "index.sqlite is locked by another process"}) == \
         "off (index.sqlite is locked by another process)"
+
+
+def test_evictions_the_main_conversation_rule_decided_are_shown() -> None:
+    assert "retention" not in dict(_stats_lines(BASE))
+    assert dict(_stats_lines({**BASE, "main_spared": 4}))["retention"] == \
+        "4 evictions took a side request's state, not a main conversation"
