@@ -53,6 +53,8 @@ class Conversation:
     thinking: bool = False
     # False renders a prefix of a conversation (segment naming, count breakdowns): no assistant opener
     add_generation_prompt: bool = True
+    # the client's reasoning effort ("low", "high", ...; None: not given), for families whose prompt states it
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)

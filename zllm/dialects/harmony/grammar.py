@@ -1,0 +1,3 @@
+"""stub"""
+def fence_grammar(spec, markup):
+    return None
