@@ -132,6 +132,9 @@ class ChatRequest:
     # reason before answering: True / False as the client asked, None = the model family's default
     thinking: bool | None = None
     response_format: ResponseFormat | None = None
+    # the client's reasoning effort as it gave it ("low", "high", ...): families whose prompt states a level
+    # (harmony's `Reasoning: high`) render it; None = not given
+    reasoning_effort: str | None = None
 
     def __post_init__(self) -> None:
         if not self.messages:
