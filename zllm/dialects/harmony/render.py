@@ -94,6 +94,13 @@ def assistant_message(channel: str, body: str, end: str = END, header: str = "")
     return f"{START}{ASSISTANT}{header}{CHANNEL}{channel}{MESSAGE}{body}{end}"
 
 
+def answer_output(message: Message) -> str:
+    """What the model writes for an answer after the prompt's `<|start|>assistant`, through `<|return|>`. Not a
+    suffix of any later prompt: once answered, the turn's analysis is dropped and `<|return|>` becomes `<|end|>`."""
+    analysis = assistant_message(ANALYSIS, message.reasoning) if message.reasoning is not None else ""
+    return (analysis + assistant_message(FINAL, message.content, RETURN))[len(START + ASSISTANT):]
+
+
 def call_message(name: str, arguments: str) -> str:
     return f"{START}{ASSISTANT}{call_header(name)}{canonical_arguments(arguments)}{CALL}"
 
