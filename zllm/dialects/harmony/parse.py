@@ -46,6 +46,9 @@ _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]*)")
 
 
 class _State(Enum):
+    """Where the parser is; each state has a text handler (`_text_in_<state>`, returns the text left unread
+    when the state changed on the way, else None) and a tag handler (`_tag_in_<state>`)."""
+
     HEADER = auto()
     REASONING = auto()
     TEXT = auto()
@@ -63,6 +66,14 @@ class HarmonyParser(StreamParser):
         self._arguments = ""
         self._started = 0
         self._completed = 0
+        self._text_handlers: dict[_State, Callable[[str], str | None]] = {
+            _State.HEADER: self._text_in_header, _State.REASONING: self._text_in_reasoning,
+            _State.TEXT: self._text_in_text, _State.CALL: self._text_in_call,
+        }
+        self._tag_handlers: dict[_State, Callable[[str], None]] = {
+            _State.HEADER: self._tag_in_header, _State.REASONING: self._tag_in_body,
+            _State.TEXT: self._tag_in_body, _State.CALL: self._tag_in_body,
+        }
 
     @property
     def calls_completed(self) -> int:
@@ -81,7 +92,8 @@ class HarmonyParser(StreamParser):
                 self._events.append(TextDelta(header))
             self._header = ""
         else:
-            self._body_text(held)
+            if held:
+                self._text_handlers[self._state](held)
             self._end_message(counted=False)
         return self._take()
 
@@ -92,19 +104,12 @@ class HarmonyParser(StreamParser):
         pieces = self._scanner.feed(text)
         for n, piece in enumerate(pieces):
             rest = "".join(p.text + (p.tag or "") for p in pieces[n + 1:])
-            if self._state is _State.HEADER:
-                unread = self._header_text(piece.text)
-                if unread is not None:  # not a header after all: the rest is text
-                    return self._switch(unread + (piece.tag or "") + rest)
-                if piece.tag is not None:
-                    self._open_message()
-                    return self._switch(rest)
-            else:
-                self._body_text(piece.text)
-                if piece.tag is not None:
-                    self._end_message(counted=piece.tag != START)
-                    self._header = piece.tag if piece.tag == START else ""
-                    return self._switch(rest)
+            unread = self._text_handlers[self._state](piece.text) if piece.text else None
+            if unread is not None:  # a header that is not one: what follows is read as text
+                return self._switch(unread + (piece.tag or "") + rest)
+            if piece.tag is not None:
+                self._tag_handlers[self._state](piece.tag)
+                return self._switch(rest)
         return ""
 
     def _switch(self, rest: str) -> str:
@@ -114,7 +119,7 @@ class HarmonyParser(StreamParser):
 
     # ------------------------------------------------------------------------------------------ header
 
-    def _header_text(self, text: str) -> str | None:
+    def _text_in_header(self, text: str) -> str | None:
         """Add `text` to the header; None while it can still be one, else the text after the character that
         showed it cannot (the header so far, through that character, went out as text)."""
         for at, char in enumerate(text):
@@ -126,7 +131,8 @@ class HarmonyParser(StreamParser):
         self._header += text
         return None
 
-    def _open_message(self) -> None:
+    def _tag_in_header(self, tag: str) -> None:
+        """`<|message|>`: the header is complete and says what the body is."""
         header, self._header = self._header, ""
         recipient = _RECIPIENT.search(header)
         channel = _CHANNEL.search(header)
@@ -143,16 +149,20 @@ class HarmonyParser(StreamParser):
 
     # -------------------------------------------------------------------------------------------- body
 
-    def _body_text(self, text: str) -> None:
-        if not text:
-            return
-        if self._state is _State.REASONING:
-            self._events.append(ReasoningDelta(text))
-        elif self._state is _State.CALL:
-            self._arguments += text
-            self._events.append(ToolCallArgsDelta(self._call_index, text))
-        elif self._state is _State.TEXT:
-            self._events.append(TextDelta(text))
+    def _text_in_reasoning(self, text: str) -> None:
+        self._events.append(ReasoningDelta(text))
+
+    def _text_in_text(self, text: str) -> None:
+        self._events.append(TextDelta(text))
+
+    def _text_in_call(self, text: str) -> None:
+        self._arguments += text
+        self._events.append(ToolCallArgsDelta(self._call_index, text))
+
+    def _tag_in_body(self, tag: str) -> None:
+        """A message's end (`<|start|>` too: the model left out `<|end|>`, the next message begins)."""
+        self._end_message(counted=tag != START)
+        self._header = tag if tag == START else ""
 
     def _end_message(self, *, counted: bool) -> None:
         if self._state is _State.CALL:
