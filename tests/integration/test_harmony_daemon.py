@@ -56,7 +56,8 @@ def first_turns(daemon: Daemon):
                                      max_output_tokens=64)
     calls = [item for item in call_turn.output if item.type == "function_call"]
     result_turn = sdk.responses.create(
-        model=MODEL, previous_response_id=call_turn.id, tools=RESPONSES_TOOLS, tool_choice="none",
+        model=MODEL, previous_response_id=call_turn.id, instructions=INSTRUCTIONS, tools=RESPONSES_TOOLS,
+        tool_choice="none",
         reasoning={"effort": "none"}, temperature=0, max_output_tokens=4,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}] if calls else "x")
     return call_turn, calls, result_turn
