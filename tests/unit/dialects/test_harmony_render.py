@@ -132,3 +132,27 @@ def test_last_answer_without_generation_prompt_ends_with_return(tokenizer) -> No
     assert ours == template_text(tokenizer, messages, (), add_generation_prompt=False)
     assert ours.endswith("<|start|>assistant<|channel|>analysis<|message|>Greet.<|end|>"
                          "<|start|>assistant<|channel|>final<|message|>Hello.<|return|>")
+
+
+@pytest.mark.parametrize("api,body,effort", [
+    ("chat", {"reasoning_effort": "high"}, "high"),
+    ("responses", {"reasoning": {"effort": "low"}}, "low"),
+    ("ollama", {"think": "high"}, "high"),
+    ("ollama", {"think": True}, None),
+    ("chat", {}, None),
+])
+def test_each_api_hands_the_clients_effort_to_the_prompt(api, body, effort) -> None:
+    """The effort reaches `ChatRequest.reasoning_effort`, which the renderer puts in the Conversation."""
+    from zllm.api.ollama.decode import decode_chat
+    from zllm.api.openai_chat.decode import decode_chat_request
+    from zllm.api.openai_responses.decode import chat_request, decode_responses_request, plan_turn
+
+    user = [{"role": "user", "content": "hi"}]
+    if api == "chat":
+        request = decode_chat_request({"model": "m", "messages": user, **body}, request_id="r", namespace="").request
+    elif api == "ollama":
+        request = decode_chat({"model": "m", "messages": user, **body}, request_id="r", namespace="").request
+    else:
+        call = decode_responses_request({"model": "m", "input": "hi", **body})
+        request = chat_request(call, plan_turn(call, None), request_id="r", namespace="")
+    assert request.reasoning_effort == effort
