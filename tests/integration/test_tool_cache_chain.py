@@ -22,6 +22,7 @@ import pytest
 from tests.support.backends import BACKENDS, load_tiny, scripted_steps
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
+from tests.support.harmony_models import tiny_harmony_dir
 from tests.support.http_server import ThreadedServer
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
@@ -56,6 +57,7 @@ CASES = [
     Case("qwen3-thinking", tiny_qwen_dir, "qwen3", True, "qwen3"),
     Case("glm45", tiny_glm_dir, "glm45", False),
     Case("deepseek-v3.2-thinking", tiny_deepseek_dir, "deepseek-v3.2", True),
+    Case("harmony", tiny_harmony_dir, "harmony", True),
 ]
 PARAMS = [pytest.param((case, "torch"), id=case.name) for case in CASES] + [
     pytest.param((case, "llamacpp"), id=f"{case.name}-llamacpp", marks=BACKENDS[1].marks)
@@ -83,6 +85,10 @@ def script_for(engine: LocalEngineClient, history: tuple[Message, ...], reply: M
     prefix = renderer.template_text(request, history)
     rendered = (*history, reply) if follow is None else (*history, reply, follow)
     full = renderer.template_text(request, rendered, add_generation_prompt=False)
+    if engine.dialect.name == "harmony" and follow is None:  # an answer drops its turn's earlier analysis
+        from zllm.dialects.harmony.render import answer_output
+
+        full = prefix + answer_output(reply)
     assert full.startswith(prefix), "the generation prompt must be a prefix of the rendered reply"
     ids = engine.loaded.tokenizer.encode(full[len(prefix):], add_special_tokens=False)
     end = next((i for i, token in enumerate(ids) if token in engine.stop_token_ids), None)

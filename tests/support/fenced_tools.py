@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
+from tests.support.harmony_models import tiny_harmony_dir
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.canonical import FunctionTool
 
@@ -49,6 +50,8 @@ CASES = [
     Case("hermes", tiny_qwen_dir, "hermes", "<tool_call>", "<tool_call>", gguf_spec="qwen3"),
     Case("glm45", tiny_glm_dir, "glm45", "<tool_call>", "\n<tool_call>"),
     Case("deepseek-v3.2", tiny_deepseek_dir, "deepseek-v3.2", "DSML｜function_calls>", "\n\n<｜DSML｜function_calls>\n"),
+    # gpt-oss over the o200k_harmony stand-in: the template's call header, recipient first
+    Case("harmony", tiny_harmony_dir, "harmony", "to=functions.", " to=functions."),
 ]
 
 

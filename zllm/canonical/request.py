@@ -159,6 +159,9 @@ class ChatRequest:
     # `prompt_cache_options.prewarm`): the stream ends with Finished(PREFILLED) and the prompt's cache split
     # once the prompt is in the cache, which keeps it as it keeps a finished request's. `sampling` is not used
     prefill_only: bool = False
+    # the client's reasoning effort as it gave it ("low", "high", ...): families whose prompt states a level
+    # (harmony's `Reasoning: high`) render it; None = not given
+    reasoning_effort: str | None = None
 
     def __post_init__(self) -> None:
         if not self.messages:

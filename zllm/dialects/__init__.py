@@ -1,6 +1,6 @@
 """Model text ⇄ canonical, one package per model family (see base.py for the contract).
 
-Each family package (`hermes/`, `glm/`, `dsml/`) has the same roles, one file each:
+Each family package (`hermes/`, `glm/`, `dsml/`, `harmony/`) has the same roles, one file each:
     dialect.py  the Dialect classes the registry names (`hermes`, `qwen3`, `glm45`, `deepseek-v3.2`, ...)
     format.py   the literals and value rules the other three share
     render.py   conversation → prompt text

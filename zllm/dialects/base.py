@@ -53,6 +53,8 @@ class Conversation:
     thinking: bool = False
     # False renders a prefix of a conversation (segment naming, count breakdowns): no assistant opener
     add_generation_prompt: bool = True
+    # the client's reasoning effort ("low", "high", ...; None: not given), for families whose prompt states it
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,9 @@ class Dialect(ABC):
     single_token_markup: ClassVar[tuple[str, ...]] = ()
     # text that ends the assistant turn besides the model's EOS tokens (GLM's `<|observation|>`)
     end_of_turn: ClassVar[tuple[str, ...]] = ()
+    # markup that ends a message but not the turn (harmony's `<|end|>`): never a stop token, even where a
+    # template-wide rule would make it one (Phi-3 ends its turns with the same `<|end|>`)
+    continues_turn: ClassVar[tuple[str, ...]] = ()
     # whether this family can reason in `<think>` blocks, and whether it does when a request does not say
     supports_thinking: ClassVar[bool] = False
     thinking_default: ClassVar[bool] = False

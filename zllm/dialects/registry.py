@@ -30,6 +30,7 @@ _DIALECTS: dict[str, str] = {
     "glm45": "zllm.dialects.glm.dialect:Glm45Xml",
     "deepseek-v3.2": "zllm.dialects.dsml.dialect:DeepSeekV32Dsml",
     "deepseek-v4": "zllm.dialects.dsml.dialect:DeepSeekV4Dsml",
+    "harmony": "zllm.dialects.harmony.dialect:Harmony",
 }
 NAMES: tuple[str, ...] = tuple(_DIALECTS)
 
@@ -62,6 +63,9 @@ def dialect_named(name: str) -> Dialect:
 
 _Rule = tuple[str, Callable[[TokenizerFacts], bool], str]
 _RULES: tuple[_Rule, ...] = (
+    # gpt-oss's o200k_harmony: no other vocabulary has both tokens (checked first: it decides alone)
+    ("harmony", lambda f: {"<|channel|>", "<|call|>"} <= f.added_tokens,
+     "the tokenizer has harmony's `<|channel|>` and `<|call|>` tokens (gpt-oss, o200k_harmony)"),
     ("deepseek-v4", lambda f: "｜DSML｜" in f.added_tokens, "the tokenizer has `｜DSML｜` as one added token"),
     ("deepseek-v3.2", lambda f: "<｜Assistant｜>" in f.added_tokens,
      "DeepSeek V3 vocabulary (`<｜Assistant｜>`); DSML markup spelled with ordinary tokens"),

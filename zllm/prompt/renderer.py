@@ -119,7 +119,8 @@ class PromptRenderer:
         if not messages:
             raise InvalidRequest("nothing to render once per-session header lines are removed", param="messages")
         conversation = Conversation(messages=messages, tools=request.tools if tools else (),
-                                    thinking=self.thinking(request), add_generation_prompt=add_generation_prompt)
+                                    thinking=self.thinking(request), add_generation_prompt=add_generation_prompt,
+                                    reasoning_effort=request.reasoning_effort)
         return self.dialect.render(conversation, self._template)
 
     def count(self, request: ChatRequest) -> int:

@@ -130,8 +130,9 @@ class LocalEngineClient:
         _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))
-        self.stop_token_ids = model_stop_token_ids(
+        self.stop_token_ids = (model_stop_token_ids(
             loaded.tokenizer, generation_eos, loaded.text_config.eos_token_id,
+        ) - single_token_ids(loaded.tokenizer, self.dialect.continues_turn)
         ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
         vocab_size = loaded.engine.vocab_size if loaded.engine is not None else loaded.text_config.vocab_size
         self.fences = FenceCompiler(loaded.tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids)

@@ -87,6 +87,8 @@ def _call(body: dict, model: str, messages: tuple[Message, ...], *, request_id: 
         api=API_NAME,
         thinking=thinking,
         response_format=response_format,
+        # `think: "high"` (Ollama's levels for gpt-oss) is a reasoning effort
+        reasoning_effort=body.get("think") if isinstance(body.get("think"), str) else None,
     )
     return OllamaCall(model=model, request=request, stream=stream)
 

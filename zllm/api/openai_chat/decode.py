@@ -67,6 +67,7 @@ def decode_chat_request(body: dict, *, request_id: str, namespace: str) -> ChatC
         # only a hint for which cached prefix to try first: always verified against the prompt tokens
         cache_hint=optional(body, "prompt_cache_key", "string") or None,
         thinking=thinking_from_effort(body.get("reasoning_effort"), "reasoning_effort"),
+        reasoning_effort=body.get("reasoning_effort"),  # checked by thinking_from_effort
         response_format=decode_format(optional(body, "response_format", "object"), "response_format",
                                       nested_schema=True),
     )

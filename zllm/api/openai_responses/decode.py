@@ -64,6 +64,7 @@ class ResponsesCall:
     generate: bool = True
     prewarm: bool = False                             # prompt_cache_options.prewarm
     thinking: bool | None = None
+    reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
     echo: dict = field(default_factory=dict)          # fields the Response object repeats
 
@@ -97,10 +98,15 @@ def decode_responses_request(body: dict, *, seal: CompactionSeal | None = None) 
         prompt_cache_key=optional(body, "prompt_cache_key", "string") or None,
         generate=optional(body, "generate", "boolean") is not False,
         prewarm=_prewarm(body),
-        thinking=thinking_from_effort((optional(body, "reasoning", "object") or {}).get("effort"), "reasoning.effort"),
+        thinking=thinking_from_effort(_effort(body), "reasoning.effort"),
+        reasoning_effort=_effort(body),  # checked by thinking_from_effort
         response_format=decode_format(_text_format(body), "text.format", nested_schema=False),
         echo=_echo(body, raw_tools, instructions),
     )
+
+
+def _effort(body: dict) -> object:
+    return (optional(body, "reasoning", "object") or {}).get("effort")
 
 
 def plan_turn(call: ResponsesCall, previous: StoredResponse | None) -> Plan:
@@ -135,6 +141,7 @@ def chat_request(call: ResponsesCall, plan: Plan, *, request_id: str, namespace:
         api=API_NAME,
         cache_hint=call.prompt_cache_key,
         thinking=call.thinking,
+        reasoning_effort=call.reasoning_effort,
         response_format=call.response_format,
         prefill_only=call.prewarm,
     )
