@@ -32,7 +32,11 @@ from zllm.canonical import (
 )
 from zllm.runtime import LocalEngineClient
 
-SEEDS = int(os.environ.get("ZLLM_FENCE_SEEDS", "100"))
+SEEDS = os.environ.get("ZLLM_FENCE_SEEDS")  # every case's seeds; unset: each case's default_seeds
+
+
+def seeds_of(case) -> int:
+    return int(SEEDS) if SEEDS else case.default_seeds
 FIRST_CALL_BUDGET = 200  # room for the longest first call (DSML tags are several tokens each over V3.1's vocabulary)
 
 
@@ -91,8 +95,8 @@ async def collect(client: LocalEngineClient, request: ChatRequest, *, first_only
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("tool", "search")], ids=["required", "named"])
 def test_forced_calls_are_valid_for_every_seed(engine, choice) -> None:
-    _, client = engine
-    for seed in range(SEEDS):
+    case, client = engine
+    for seed in range(seeds_of(case)):
         result = calls_of(client, choice, seed, first_only=True, max_tokens=FIRST_CALL_BUDGET)
         assert result.calls, f"seed {seed}: no complete call within the budget (text {result.text!r})"
         name, arguments = result.calls[0]
@@ -104,7 +108,7 @@ def test_forced_calls_are_valid_for_every_seed(engine, choice) -> None:
 @pytest.mark.timeout(900)
 def test_auto_calls_that_start_are_valid_and_none_never_calls(engine) -> None:
     case, client = engine
-    seeds = range(max(SEEDS // 4, 6))
+    seeds = range(max(seeds_of(case) // 4, 6))
     opened_runs = 0
     for seed in seeds:
         opening = case.opening if seed % 2 else None  # every other seed is made to open a call
