@@ -35,6 +35,8 @@ class CallFormat:
     think_close: str = ""
     gen_in_think: bool = False
     turn_end: str = ""
+    text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
+    single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
 
     @property
     def tagged(self) -> bool:
@@ -43,6 +45,12 @@ class CallFormat:
     @property
     def reasons(self) -> bool:
         return bool(self.think_close)
+
+    @property
+    def hermes_json(self) -> bool:
+        """Hermes / Qwen's `<tool_call>\n{"name": ..., "arguments": ...}`: the hand-written dialect speaks it."""
+        return (not self.tagged and self.call_open.endswith('<tool_call>\n{"name": "')
+                and self.name_close == '", "arguments": ')
 
     def literals(self) -> tuple[str, ...]:
         """Every non-empty literal, for the fence's tokenizer check and the detokenizer."""

@@ -23,7 +23,7 @@ from zllm.canonical import FunctionTool
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
 from zllm.dialects.derived.format import CallFormat
 from zllm.dialects.glm.format import is_string_schema, param_schemas
-from zllm.dialects.string_values import escape_slashes
+from zllm.dialects.string_values import escape_slashes, raw_string_terminal
 
 ANY = "/(?s:.*)/"
 
@@ -65,12 +65,15 @@ class _Writer:
         if not tools:
             return text if text == "json_answer" else f"{text}?"
         self.rule("call", " | ".join(self.tool(i, tool) for i, tool in enumerate(tools)))
-        self.rule("calls", f"call ({self.lits(f.call_sep + f.call_open)} call)* {self.lits(f.section_close)}".strip())
+        more = "" if f.single_call else f"({self.lits(f.call_sep + f.call_open)} call)*"
+        self.rule("calls", f"call {more} {self.lits(f.section_close)}".strip())
         section = f"{self.lits(f.section_open + f.call_open)} calls"
         if spec.choice.mode in ("required", "tool"):
             return section
         if text == "json_answer":
             return f"(json_answer | {section})"
+        if not f.text_with_calls:  # text beside calls would be lost from the next turn's prompt
+            return f"({text}? | {section})"
         return f"({text}? | {section} | {self.text_then_section()})"
 
     def text_then_section(self) -> str:
@@ -110,14 +113,34 @@ class _Writer:
         parts = []
         for number, (key, schema) in enumerate(schemas.items()):
             rule = f"p_{index}_{number}"
-            if is_string_schema(schema) or tool.grammar is not None:
+            if tool.grammar is not None:
                 value = self.until(f"value_{index}_{number}", f.param_close)
+            elif is_string_schema(schema):
+                value = self.string_value(f"value_{index}_{number}", schema)
             else:
                 value = (f"%json {json.dumps({**schema, 'x-guidance': CANONICAL_JSON_GUIDANCE}, ensure_ascii=False)} "
                          f"{self.lits(f.param_close)}")
             self.rule(rule, f"{self.lits(f.param_open + key + f.param_mid)} {value}")
             parts.append(rule if key in required else f"{rule}?")
         return parts
+
+    def string_value(self, name: str, schema: dict) -> str:
+        """A raw string value then the parameter's closer: one of an enum, or text under the schema's length and
+        pattern bounds (string_values.py), or any text without markup."""
+        closer = self.f.param_close
+        choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if choices and all(isinstance(c, str) for c in choices):
+            return f"({' | '.join(self.lits(c) for c in choices)}) {self.lits(closer)}"
+        bounded = raw_string_terminal(schema)
+        if bounded is None:
+            return self.until(name, closer)
+        first = self.pieces(closer)[0]
+        terminal = self.terminal(f"{name.upper()}_BOUNDED", f"{bounded} & {self.free_text(nonempty=False)}")
+        if self.markup.is_single(first):
+            return f"{terminal} {self.lits(closer)}"
+        rule = self.rule(f"{name}_bounded", f"{terminal} {json.dumps(first, ensure_ascii=False)}", lazy=True)
+        rest = closer[len(first):]
+        return f"{rule} {self.lits(rest)}" if rest else rule
 
     # ------------------------------------------------------------------------------------ text
 

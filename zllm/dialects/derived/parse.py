@@ -124,6 +124,7 @@ class DerivedParser(StreamParser):
             _State.AFTER_PARAM: (f.param_open, f.call_close),
             _State.AFTER_CALL: tuple(t for t in (f.call_sep + f.call_open, f.section_close) if t),
         }.get(state, ())
+        self._scanner.tags = tuple(tag for tag in self._scanner.tags if tag)  # an empty literal is no tag
 
     def _in_start(self, text: str) -> str:
         self._start += text
@@ -190,7 +191,11 @@ class DerivedParser(StreamParser):
                 return text[at:]
             if cursor.done:
                 self._emit_args(text[:at + 1])
-                self._go(_State.CALL_CLOSE)
+                if self.f.call_close:
+                    self._go(_State.CALL_CLOSE)
+                else:
+                    self._end_call(completed=True)
+                    self._go(_State.AFTER_CALL)
                 return text[at + 1:]
         self._emit_args(text)
         return ""

@@ -65,6 +65,11 @@ class _Prober:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
         full = self._render([{"role": "user", "content": USER}, message], generation=False)
+        if not full.startswith(self.gen) and "reasoning_content" not in message:
+            # a generation prompt that opens reasoning (`<think>\n`): the model always reasons, and a turn
+            # extends that prompt only with its reasoning in it
+            message["reasoning_content"] = THINK
+            full = self._render([{"role": "user", "content": USER}, message], generation=False)
         if not full.startswith(self.gen):
             raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
@@ -98,11 +103,14 @@ class _Prober:
     def _json_calls(self, lead: str, tail: str) -> CallFormat:
         a1, a2 = {K1: V1}, {KN: VN}
         one = self._body(self.turn(tool_calls=[call(NAME_A, a1)]), lead)
-        two = self._body(self.turn(tool_calls=[call(NAME_A, a1), call(NAME_B, a2, 1)]), lead)
         n1 = _find(one, NAME_A)
         s1 = _find(one, _json(a1), n1)
         name_close = one[n1 + len(NAME_A):s1]
         before, after = one[:n1], one[s1 + len(_json(a1)):]
+        try:
+            two = self._body(self.turn(tool_calls=[call(NAME_A, a1), call(NAME_B, a2, 1)]), lead)
+        except NotDerivable:  # a family that calls one tool per turn (Llama 3.x refuses two)
+            return self._single_call(before, after, tail, name_close=name_close)
         n2 = _find(two, NAME_B, s1)
         mid = two[s1 + len(_json(a1)):n2]
         if two[n2 + len(NAME_B):].partition(_json(a2))[0] != name_close:
@@ -134,6 +142,9 @@ class _Prober:
         after_none = none[_find(none, NAME_A) + len(NAME_A):]
         if after_none != name_close + after_one:
             raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
+        markup_value = 'zq <b> "q" & \\ </x>'
+        if f"{param_mid}{markup_value}{param_close}" not in self.turn(tool_calls=[call(NAME_A, {K1: markup_value})]):
+            raise NotDerivable("a string value with markup characters is not written raw (escaped or wrapped)")
         two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
         first_end = _find(two, V1) + len(V1) + len(param_close)
         n2 = _find(two, NAME_B, first_end)
@@ -159,6 +170,13 @@ class _Prober:
                           call_close=call_close, call_sep=close_and_sep[len(call_close):],
                           section_close=rest[:len(rest) - len(tail)], turn_end=self._turn_end(tail), **parts)
 
+    def _single_call(self, before: str, after: str, tail: str, **parts) -> CallFormat:
+        if not after.endswith(tail):
+            raise NotDerivable(f"a turn with a call does not end like a turn with text ({tail!r})")
+        return CallFormat(section_open="", call_open=before, call_close=after[:len(after) - len(tail)], call_sep="",
+                          section_close="", arguments="json", turn_end=self._turn_end(tail), single_call=True,
+                          **parts)
+
     def _turn_end(self, tail: str) -> str:
         """What ends a turn as the model writes it: the tail after the text up to and including its first marker
         (the framing after it — a newline before the next turn — is the template's, not the model's)."""
@@ -169,6 +187,8 @@ class _Prober:
     def _with_content(self, fmt: CallFormat, lead: str) -> CallFormat:
         turn = self._body(self.turn(content=TEXT, tool_calls=[call(NAME_A, {K1: V1})]), lead)
         opener = fmt.section_open + fmt.call_open + NAME_A
+        if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
+            return _replace(fmt, text_with_calls=False)
         if not turn.startswith(TEXT) or opener not in turn:
             raise NotDerivable("text before calls is not written as the text, then the calls")
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
@@ -181,7 +201,7 @@ class _Prober:
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")
         think_close = rest[:rest.index(TEXT)]
-        if lead and lead != think_open + think_close:
+        if lead and lead not in (think_open + think_close, THINK + think_close):
             raise NotDerivable(f"a turn without reasoning starts with {lead!r}, not an empty reasoning block")
         return _replace(fmt, think_open=think_open, think_close=think_close, gen_in_think=not think_open)
 
