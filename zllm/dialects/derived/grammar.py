@@ -17,13 +17,12 @@ the opener starts with an added token, else a lazy lexeme ending at the whole op
 from __future__ import annotations
 
 import json
-import re
 
 from zllm.canonical import FunctionTool
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
 from zllm.dialects.derived.format import CallFormat
 from zllm.dialects.glm.format import is_string_schema, param_schemas
-from zllm.dialects.string_values import escape_slashes, raw_string_terminal
+from zllm.dialects.string_values import raw_string_terminal
 
 ANY = "/(?s:.*)/"
 
@@ -85,7 +84,7 @@ class _Writer:
             sep = "".join(first[:special_at])
             body = self.free_text(nonempty=True)
             if sep:
-                body += f" & /(?s:.*){escape_slashes(re.escape(sep))}/"
+                body += f" & /(?s:.*){_regex(sep)}/"
             name = self.terminal("TEXT_SEP", body)
             return f"{name} {self.lits(''.join(first[special_at:]))} calls"
         # the opener starts with text: a lazy lexeme that ends at its first occurrence
@@ -150,7 +149,7 @@ class _Writer:
         banned = [p for p in (f.section_open + f.call_open, f.think_close, f.call_open) if p.strip()]
         banned += [p for p in self.singles]
         body = "/(?s:.+)/" if nonempty else ANY
-        alternatives = "|".join(escape_slashes(re.escape(b)) for b in dict.fromkeys(banned))
+        alternatives = "|".join(_regex(b) for b in dict.fromkeys(banned))
         return f"{body} & ~/(?s:.*)(?:{alternatives})(?s:.*)/" if alternatives else body
 
     def until(self, name: str, closer: str) -> str:
@@ -193,6 +192,21 @@ class _Writer:
     def terminal(self, name: str, body: str) -> str:
         self.lines.setdefault(name, f"{name}: {body}")
         return name
+
+
+def _regex(text: str) -> str:
+    """`text` as a regex matching it literally, safe inside Lark's /.../ (control characters spelled out)."""
+    out = []
+    for char in text:
+        if char in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char])
+        elif char.isalnum() or char in " _-~'\"<>=:,;!@%&":
+            out.append(char)
+        elif char == "/":
+            out.append("\\/")
+        else:
+            out.append("\\" + char if ord(char) < 128 else char)
+    return "".join(out)
 
 
 def _callable(spec: FenceSpec) -> tuple[FunctionTool, ...]:
