@@ -243,15 +243,26 @@ def _sample(matcher, stand_in, rng, limit=400) -> str:
     tokenizer, ll_tokenizer = stand_in
     bitmask = llguidance.numpy.allocate_token_bitmask(1, ll_tokenizer.vocab_size)
     short = _short_token_ids(tokenizer)
+    added = set(tokenizer.get_added_vocab().values())
     out: list[int] = []
     for _ in range(limit):
         if matcher.is_stopped() or matcher.is_accepting() and rng.random() < 0.5:
             break
         llguidance.numpy.fill_next_token_bitmask(matcher, bitmask)
+        assert not matcher.is_error(), matcher.get_error()
         bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:ll_tokenizer.vocab_size]
         allowed = np.flatnonzero(bits)
-        preferred = [t for t in allowed if t in short] if rng.random() < 0.7 else []
-        token = int(rng.choice(preferred or list(allowed)))
+        draw = rng.random()
+        preferred = ([t for t in allowed if t in added] if draw < 0.2 else
+                     [t for t in allowed if t in short] if draw < 0.8 else [])
+        candidates = preferred or list(allowed)
+        token = int(rng.choice(candidates))
+        # llguidance at times reports ParserTooComplex and leaves tokens in the mask that it then refuses:
+        # draw again among the mask (what an engine that checks its token before consuming would do)
+        for _ in range(50):
+            if token == ll_tokenizer.eos_token or matcher.validate_tokens([token]) == 1:
+                break
+            token = int(rng.choice(candidates))
         if token == ll_tokenizer.eos_token:
             break
         assert matcher.consume_token(token), matcher.get_error()

@@ -56,7 +56,8 @@ class _Writer:
 
     def answer(self, spec: FenceSpec, tools: tuple[FunctionTool, ...]) -> str:
         f = self.f
-        text = self.terminal("TEXT", self.free_text(nonempty=True))
+        forced = bool(tools) and spec.choice.mode in ("required", "tool")
+        text = "" if forced else self.terminal("TEXT", self.free_text(nonempty=True))
         if spec.response_schema is not None:
             schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
             self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")
