@@ -52,7 +52,7 @@ class DerivedDialect(Dialect):
         return DerivedParser(self.format, tools, new_call_id, thinking=thinking)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return fence_grammar(self.format, spec, markup, self.markup)
+        return fence_grammar(spec, markup, fmt=self.format, pieces=self.markup)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from zllm.dialects.string_values import raw_string_terminal
 ANY = "/(?s:.*)/"
 
 
-def fence_grammar(fmt: CallFormat, spec: FenceSpec, markup: MarkupTokens,
+def fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, fmt: CallFormat,
                   pieces: tuple[str, ...]) -> FenceGrammar | None:
     if not spec.constrains:
         return None
