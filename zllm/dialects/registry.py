@@ -7,9 +7,12 @@ Rules, first match wins (the facts are what distinguishes the families' vocabula
 1. an explicit override (`--dialect` / `ZLLM_DIALECT` / config `dialect`), unless it is "auto";
 2. `｜DSML｜` is one added token → DeepSeek V4 DSML;
 3. DeepSeek's `<｜Assistant｜>` added token → DeepSeek V3.2 DSML (markup spelled with ordinary tokens);
+   — unless the template itself writes `<｜tool▁calls▁begin｜>` calls (DeepSeek V3.1): then rule 5 derives it;
 4. GLM's `<arg_key>` added token → GLM-4.5 XML;
-5. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
-6. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).
+5. the template writes tool calls other than Hermes JSON → a dialect derived from it (dialects/derived/:
+   the template's own calls, found by rendering probe conversations);
+6. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
+7. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class TokenizerFacts:
 
     added_tokens: frozenset[str]
     chat_template: str | None
+    # the template's `bos_token` / `eos_token` variables (a derived dialect renders the template itself)
+    bos_token: str = ""
+    eos_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,12 +84,32 @@ _RULES: tuple[_Rule, ...] = (
 def choose_dialect(facts: TokenizerFacts, override: str | None = None) -> DialectChoice:
     if override and override != AUTO:
         return DialectChoice(dialect_named(override), f"set by configuration (dialect = {override})")
+    derived = _derived(facts)
     for name, matches, reason in _RULES:
+        if name == "qwen3" and derived is not None:
+            return derived
         if matches(facts):
+            if name == "deepseek-v3.2" and derived is not None:
+                return derived  # DeepSeek V3.1: the V3 vocabulary, but its template writes no DSML
             return DialectChoice(dialect_named(name), reason)
+    if derived is not None:
+        return derived
     why = "the chat template renders tools itself" if _template_mentions_tools(facts.chat_template) else (
         "the chat template ignores tools")
     return DialectChoice(dialect_named("hermes"), f"default: Hermes JSON tool calls ({why})")
+
+
+def _derived(facts: TokenizerFacts) -> DialectChoice | None:
+    """A dialect derived from the chat template, where the template writes calls other than Hermes JSON."""
+    if not facts.chat_template:
+        return None
+    from zllm.dialects.derived.dialect import derive_dialect
+
+    result = derive_dialect(facts.chat_template, added_tokens=facts.added_tokens, bos_token=facts.bos_token,
+                            eos_token=facts.eos_token)
+    if result.dialect is None or result.dialect.format.hermes_json:
+        return None
+    return DialectChoice(result.dialect, result.reason)
 
 
 def _template_reasons(template: str | None) -> bool:

@@ -149,7 +149,13 @@ def _template_of(tokenizer) -> _TemplateAdapter | None:
 def tokenizer_facts(tokenizer) -> TokenizerFacts:
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     return TokenizerFacts(added_tokens=frozenset(token.content for token in added.values()),
-                          chat_template=getattr(tokenizer, "chat_template", None) or None)
+                          chat_template=getattr(tokenizer, "chat_template", None) or None,
+                          bos_token=_token_text(tokenizer, "bos_token"), eos_token=_token_text(tokenizer, "eos_token"))
+
+
+def _token_text(tokenizer, attribute: str) -> str:
+    value = getattr(tokenizer, attribute, None)
+    return value if isinstance(value, str) else ""
 
 
 def _default_bos_id(tokenizer) -> int | None:

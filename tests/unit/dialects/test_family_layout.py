@@ -17,7 +17,7 @@ from zllm.dialects.base import Dialect, FenceSpec, MarkupTokens, StreamParser
 from zllm.dialects.registry import NAMES, dialect_named
 
 ROLES = ("dialect", "format", "render", "parse", "grammar")
-FAMILIES = ("hermes", "glm", "dsml", "harmony")
+FAMILIES = ("hermes", "glm", "dsml", "harmony", "derived")
 ROOT = Path(zllm.dialects.__file__).parent
 
 

@@ -1,0 +1,78 @@
+"""A dialect derived from the model's chat template (`derived`): the template renders, a format found by probing
+it (probe.py) parses and fences. Built per model by `derive_dialect` (the registry calls it):
+
+    result = derive_dialect(template_source, added_tokens=..., bos_token=..., eos_token=...)
+    result.dialect    # a Dialect, or None
+    result.derived    # True when the template's calls were described
+    result.reason     # why (or why not), in words: "Qwen3-Coder-style per-parameter tags: <tool_call>..."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from zllm.canonical import FunctionTool
+from zllm.dialects.base import (
+    ChatTemplate,
+    Conversation,
+    Dialect,
+    FenceGrammar,
+    FenceSpec,
+    MarkupTokens,
+    StreamParser,
+)
+from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.grammar import fence_grammar
+from zllm.dialects.derived.jinja import JinjaChatTemplate
+from zllm.dialects.derived.parse import DerivedParser
+from zllm.dialects.derived.probe import NotDerivable, derive_format, split_markers
+from zllm.dialects.derived.render import render_conversation
+
+
+class DerivedDialect(Dialect):
+    name = "derived"
+    needs_chat_template = False  # it carries its own (the source it was derived from)
+
+    def __init__(self, fmt: CallFormat, template: JinjaChatTemplate, markers: Iterable[str] = ()):
+        self.format = fmt
+        self.template = template
+        # each literal cut at its special markers: the fence names an added token by id, text by its bytes
+        self.markup = tuple(dict.fromkeys(piece for literal in fmt.literals()
+                                          for piece in split_markers(literal, tuple(markers)) if piece))
+        self.end_of_turn = (fmt.turn_end,) if fmt.turn_end else ()
+        self.supports_thinking = fmt.reasons
+        self.thinking_default = fmt.reasons
+
+    def render(self, conversation: Conversation, template: ChatTemplate | None = None) -> str:
+        return render_conversation(self.template, conversation)
+
+    def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
+               new_call_id: Callable[[], str]) -> StreamParser:
+        return DerivedParser(self.format, tools, new_call_id, thinking=thinking)
+
+    def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
+        return fence_grammar(spec, markup, fmt=self.format, pieces=self.markup)
+
+
+@dataclass(frozen=True)
+class Derivation:
+    dialect: DerivedDialect | None
+    derived: bool
+    reason: str
+
+
+def derive_dialect(template_source: str, *, added_tokens: Iterable[str] = (), bos_token: str = "",
+                   eos_token: str = "") -> Derivation:
+    """The entry point: a template (and the vocabulary's added tokens, to cut literals at real markers) →
+    a dialect with its format, or None and the reason it could not be derived."""
+    markers = tuple(added_tokens)
+    try:
+        template = JinjaChatTemplate(template_source, bos_token=bos_token, eos_token=eos_token)
+        fmt = derive_format(template, markers)
+    except NotDerivable as exc:
+        return Derivation(None, False, str(exc))
+    except Exception as exc:  # a template Jinja cannot compile
+        return Derivation(None, False, f"the template cannot be rendered: {type(exc).__name__}: {exc}")
+    return Derivation(DerivedDialect(fmt, template, markers), True,
+                      f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}")

@@ -1,0 +1,65 @@
+"""What a derived dialect knows about its model's tool calls: the literals around each part of a call.
+
+    {content}{content_sep}{section_open}
+      {call_open}NAME{name_close}ARGUMENTS{call_close}      one per call, `call_sep` between calls
+    {section_close}
+
+ARGUMENTS is either one JSON object (`json`) in the canonical spelling, or per-parameter markup (`tagged`):
+
+    {param_open}KEY{param_mid}VALUE{param_close}            one per argument; string values raw, others JSON
+
+Reasoning, where the template writes it: `{think_open}REASONING{think_close}` at the start of the turn.
+`turn_end` is the text the template closes an assistant turn with (its end-of-turn marker). `gen_in_think`:
+the generation prompt itself opens the reasoning block (the model starts inside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    section_open: str
+    call_open: str
+    name_close: str
+    call_close: str
+    call_sep: str
+    section_close: str
+    arguments: str  # "json" | "tagged"
+    param_open: str = ""
+    param_mid: str = ""
+    param_close: str = ""
+    content_sep: str = ""
+    think_open: str = ""
+    think_close: str = ""
+    gen_in_think: bool = False
+    turn_end: str = ""
+    text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
+    single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
+
+    @property
+    def tagged(self) -> bool:
+        return self.arguments == "tagged"
+
+    @property
+    def reasons(self) -> bool:
+        return bool(self.think_close)
+
+    @property
+    def hermes_json(self) -> bool:
+        """Hermes / Qwen's `<tool_call>\n{"name": ..., "arguments": ...}`: the hand-written dialect speaks it."""
+        return (not self.tagged and self.call_open.endswith('<tool_call>\n{"name": "')
+                and self.name_close == '", "arguments": ')
+
+    def literals(self) -> tuple[str, ...]:
+        """Every non-empty literal, for the fence's tokenizer check and the detokenizer."""
+        parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
+                 self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
+                 self.think_close)
+        return tuple(dict.fromkeys(p for p in parts if p))
+
+    def summary(self) -> str:
+        """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
+        args = (f"{self.param_open}K{self.param_mid}V{self.param_close}" if self.tagged else '{"K": "V"}')
+        return f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"

@@ -1,0 +1,232 @@
+"""The llguidance fence for a derived format: the format's literals (format.py) as a Lark grammar, each literal
+cut at its added tokens (named `<[id]>`; llguidance never matches an added token from quoted text).
+
+    start: think? answer
+    answer: TEXT | TEXT_SEP? section          (auto; `required` / a named tool: section only)
+    section: "{section_open}" call ("{call_sep}" call)* "{section_close}"
+    call: tool_0 | tool_1 ...
+    tool_0: "{call_open}NAME{name_close}" %json{parameters} "{call_close}"                     (json)
+    tool_0: "{call_open}NAME" p_0_0 p_0_1? "{name_close}{call_close}"-ish                        (tagged)
+    p_0_0: "{param_open}KEY{param_mid}" VALUE "{param_close}"    string values raw, others %json
+
+Free text never spells a literal that starts a call or closes reasoning (the parser would read it as one).
+Text before calls ends with the format's `content_sep` (the template writes it): a text lexeme ending in it where
+the opener starts with an added token, else a lazy lexeme ending at the whole opener.
+"""
+
+from __future__ import annotations
+
+import json
+
+from zllm.canonical import FunctionTool
+from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
+from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.glm.format import is_string_schema, param_schemas
+from zllm.dialects.string_values import raw_string_terminal
+
+ANY = "/(?s:.*)/"
+
+
+def fence_grammar(spec: FenceSpec, markup: MarkupTokens, *, fmt: CallFormat,
+                  pieces: tuple[str, ...]) -> FenceGrammar | None:
+    if not spec.constrains:
+        return None
+    return FenceGrammar(lark=_Writer(fmt, markup, pieces).grammar(spec), literals=pieces)
+
+
+class _Writer:
+    def __init__(self, fmt: CallFormat, markup: MarkupTokens, pieces: tuple[str, ...]):
+        self.f, self.markup = fmt, markup
+        self.singles = tuple(sorted((p for p in pieces if markup.is_single(p)), key=len, reverse=True))
+        self.lines: dict[str, str] = {}
+
+    # ------------------------------------------------------------------------------------ structure
+
+    def grammar(self, spec: FenceSpec) -> str:
+        f = self.f
+        tools = _callable(spec)
+        head = ""
+        if f.gen_in_think:
+            head = self.until("reasoning", f.think_close) + " "
+        elif f.reasons and spec.thinking:
+            self.rule("think", f"{self.lits(f.think_open)} {self.until('reasoning', f.think_close)}")
+            head = "think? "
+        self.rule("start", head + self.answer(spec, tools))
+        return "%llguidance {}\n" + "\n".join(self.lines.values()) + "\n"
+
+    def answer(self, spec: FenceSpec, tools: tuple[FunctionTool, ...]) -> str:
+        f = self.f
+        forced = bool(tools) and spec.choice.mode in ("required", "tool")
+        text = "" if forced else self.terminal("TEXT", self.free_text(nonempty=True))
+        if spec.response_schema is not None:
+            schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
+            self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")
+            text = "json_answer"
+        if not tools:
+            return text if text == "json_answer" else f"{text}?"
+        self.rule("call", " | ".join(self.tool(i, tool) for i, tool in enumerate(tools)))
+        more = "" if f.single_call else f"({self.lits(f.call_sep + f.call_open)} call)*"
+        self.rule("calls", f"call {more} {self.lits(f.section_close)}".strip())
+        section = f"{self.lits(f.section_open + f.call_open)} calls"
+        if spec.choice.mode in ("required", "tool"):
+            return section
+        if text == "json_answer":
+            return f"(json_answer | {section})"
+        if not f.text_with_calls:  # text beside calls would be lost from the next turn's prompt
+            return f"({text}? | {section})"
+        return f"({text}? | {section} | {self.text_then_section()})"
+
+    def text_then_section(self) -> str:
+        f = self.f
+        opener = f.content_sep + f.section_open + f.call_open
+        first = self.pieces(opener)
+        special_at = next((i for i, p in enumerate(first) if self.markup.is_single(p)), None)
+        if special_at is not None and all(not self.markup.is_single(p) for p in first[:special_at]):
+            sep = "".join(first[:special_at])
+            body = self.free_text(nonempty=True)
+            if sep:
+                body += f" & /(?s:.*){_regex(sep)}/"
+            name = self.terminal("TEXT_SEP", body)
+            return f"{name} {self.lits(''.join(first[special_at:]))} calls"
+        # the opener starts with text: a lazy lexeme that ends at its first occurrence
+        self.rule("text_head", f"{self.terminal('TEXT', self.free_text(nonempty=True))} "
+                               f"{self.lits(opener)}", lazy=True)
+        return "text_head calls"
+
+    def tool(self, index: int, tool: FunctionTool) -> str:
+        """`tool_<i>`: from the name to the call's closer (the opener is written by the caller)."""
+        f = self.f
+        name = f"tool_{index}"
+        if f.tagged:
+            parts = [self.lits(tool.name + f.name_close), *self.params(index, tool), self.lits(f.call_close)]
+        else:
+            schema = json.dumps(_guided(_arguments_schema(tool)), ensure_ascii=False)
+            parts = [self.lits(tool.name + f.name_close), f"%json {schema}", self.lits(f.call_close)]
+        return self.rule(name, " ".join(p for p in parts if p))
+
+    def params(self, index: int, tool: FunctionTool) -> list[str]:
+        """One rule per parameter in schema order; optional ones may be left out (the template writes the
+        parameters it is given, in the order given)."""
+        f = self.f
+        schemas = param_schemas(tool) if tool.grammar is None else {"input": {"type": "string"}}
+        required = set(tool.parameters.get("required") or ()) if tool.grammar is None else {"input"}
+        parts = []
+        for number, (key, schema) in enumerate(schemas.items()):
+            rule = f"p_{index}_{number}"
+            if tool.grammar is not None:
+                value = self.until(f"value_{index}_{number}", f.param_close)
+            elif is_string_schema(schema):
+                value = self.string_value(f"value_{index}_{number}", schema)
+            else:
+                value = (f"%json {json.dumps({**schema, 'x-guidance': CANONICAL_JSON_GUIDANCE}, ensure_ascii=False)} "
+                         f"{self.lits(f.param_close)}")
+            self.rule(rule, f"{self.lits(f.param_open + key + f.param_mid)} {value}")
+            parts.append(rule if key in required else f"{rule}?")
+        return parts
+
+    def string_value(self, name: str, schema: dict) -> str:
+        """A raw string value then the parameter's closer: one of an enum, or text under the schema's length and
+        pattern bounds (string_values.py), or any text without markup."""
+        closer = self.f.param_close
+        choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if choices and all(isinstance(c, str) for c in choices):
+            return f"({' | '.join(self.lits(c) for c in choices)}) {self.lits(closer)}"
+        bounded = raw_string_terminal(schema)
+        if bounded is None:
+            return self.until(name, closer)
+        first = self.pieces(closer)[0]
+        terminal = self.terminal(f"{name.upper()}_BOUNDED", f"{bounded} & {self.free_text(nonempty=False)}")
+        if self.markup.is_single(first):
+            return f"{terminal} {self.lits(closer)}"
+        rule = self.rule(f"{name}_bounded", f"{terminal} {json.dumps(first, ensure_ascii=False)}", lazy=True)
+        rest = closer[len(first):]
+        return f"{rule} {self.lits(rest)}" if rest else rule
+
+    # ------------------------------------------------------------------------------------ text
+
+    def free_text(self, *, nonempty: bool) -> str:
+        """Text that spells none of the format's literals' markers and none of its call openers."""
+        f = self.f
+        banned = [p for p in (f.section_open + f.call_open, f.think_close, f.call_open) if p.strip()]
+        banned += [p for p in self.singles]
+        body = "/(?s:.+)/" if nonempty else ANY
+        alternatives = "|".join(_regex(b) for b in dict.fromkeys(banned))
+        return f"{body} & ~/(?s:.*)(?:{alternatives})(?s:.*)/" if alternatives else body
+
+    def until(self, name: str, closer: str) -> str:
+        """Text with no markup, then `closer`."""
+        first = self.pieces(closer)
+        if first and self.markup.is_single(first[0]):
+            terminal = self.terminal(name.upper(), self.free_text(nonempty=True))
+            return f"{terminal}? {self.lits(closer)}"
+        plain = first[0] if first else closer
+        body = f"{self.free_text(nonempty=False)}"
+        terminal = self.terminal(f"{name.upper()}_ANY", body)
+        rule = self.rule(f"{name}_until", f"{terminal} {json.dumps(plain, ensure_ascii=False)}", lazy=True)
+        rest = closer[len(plain):]
+        return f"{rule} {self.lits(rest)}" if rest else rule
+
+    # ------------------------------------------------------------------------------------ lark text
+
+    def pieces(self, text: str) -> list[str]:
+        out, at = [], 0
+        while at < len(text):
+            best = min(((text.find(s, at), -len(s), s) for s in self.singles if text.find(s, at) != -1), default=None)
+            if best is None:
+                out.append(text[at:])
+                break
+            start, _, single = best
+            if start > at:
+                out.append(text[at:start])
+            out.append(single)
+            at = start + len(single)
+        return out
+
+    def lits(self, text: str) -> str:
+        return " ".join(self.markup.lark(p) if self.markup.is_single(p) else json.dumps(p, ensure_ascii=False)
+                        for p in self.pieces(text)) if text else ""
+
+    def rule(self, name: str, body: str, *, lazy: bool = False) -> str:
+        self.lines.setdefault(name, f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+    def terminal(self, name: str, body: str) -> str:
+        self.lines.setdefault(name, f"{name}: {body}")
+        return name
+
+
+def _regex(text: str) -> str:
+    """`text` as a regex matching it literally, safe inside Lark's /.../ (control characters spelled out)."""
+    out = []
+    for char in text:
+        if char in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char])
+        elif char.isalnum() or char in " _-~'\"<>=:,;!@%&":
+            out.append(char)
+        elif char == "/":
+            out.append("\\/")
+        else:
+            out.append("\\" + char if ord(char) < 128 else char)
+    return "".join(out)
+
+
+def _callable(spec: FenceSpec) -> tuple[FunctionTool, ...]:
+    if spec.choice.mode == "none":
+        return ()
+    if spec.choice.mode == "tool":
+        chosen = tuple(t for t in spec.tools if t.name == spec.choice.name)
+        if not chosen:
+            raise ValueError(f"tool_choice names {spec.choice.name!r}, which is not among the tools")
+        return chosen
+    return spec.tools
+
+
+def _arguments_schema(tool: FunctionTool) -> dict:
+    if tool.grammar is not None:
+        return {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+                "additionalProperties": False}
+    return tool.parameters or {"type": "object"}
+
+
+def _guided(schema: dict) -> dict:
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **CANONICAL_JSON_GUIDANCE}}

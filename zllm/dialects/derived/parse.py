@@ -1,0 +1,287 @@
+"""Model output → canonical events for a derived format (format.py): a state machine over the format's literals.
+
+Each state scans for the literals that may come next (TagScanner, partial-literal holdback), so the events
+depend only on the whole text, never on how it was cut. Arguments stream as JSON: a `json` format's object as
+written; a `tagged` format's pairs converted (string parameters raw → JSON strings, others read as JSON) with
+the tool schemas, as GLM's parser does. Anything that does not follow the format is given back as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from enum import Enum, auto
+
+from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+from zllm.dialects.base import StreamParser
+from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.glm.format import param_schemas, string_param, value_json
+from zllm.dialects.hermes.json_cursor import JsonCursor
+from zllm.dialects.scan import TagScanner
+
+_NAME_LIMIT = 256
+
+
+class _State(Enum):
+    START = auto()  # reasoning may open
+    REASONING = auto()
+    TEXT = auto()
+    NAME = auto()
+    JSON_ARGS = auto()
+    CALL_CLOSE = auto()  # after a JSON object: the call's closer
+    KEY = auto()
+    VALUE = auto()
+    AFTER_PARAM = auto()  # another parameter, or the call's closer
+    AFTER_CALL = auto()  # another call, or the section's end
+
+
+class DerivedParser(StreamParser):
+    def __init__(self, fmt: CallFormat, tools: tuple[FunctionTool, ...], new_call_id: Callable[[], str], *,
+                 thinking: bool):
+        self.f = fmt
+        self._tools = {tool.name: tool for tool in tools}
+        self._new_call_id = new_call_id
+        self._openers = tuple(dict.fromkeys(o for o in (fmt.content_sep + fmt.section_open + fmt.call_open,
+                                                         fmt.section_open + fmt.call_open) if o))
+        self._events: list[Event] = []
+        self._scanner = TagScanner(())
+        self._start = ""
+        self._state = _State.START
+        if fmt.gen_in_think:
+            self._go(_State.REASONING)
+        elif not (fmt.think_open and thinking):
+            self._go(_State.TEXT)
+        self._call_index = -1
+        self._completed = 0
+        self._name = ""
+        self._args = ""  # the JSON arguments streamed so far for the open call
+        self._cursor: JsonCursor | None = None
+        self._key = ""
+        self._value = ""
+
+    @property
+    def calls_completed(self) -> int:
+        return self._completed
+
+    # ------------------------------------------------------------------------------------ driving
+
+    def feed(self, text: str) -> list[Event]:
+        self._run(text)
+        return self._take()
+
+    def finish(self) -> list[Event]:
+        if self._state is _State.START:
+            start, self._start = self._start, ""
+            self._go(_State.TEXT)
+            self._run(start)
+        held = "".join(piece.text for piece in self._scanner.flush())
+        state = self._state
+        if state in (_State.TEXT, _State.AFTER_CALL):
+            self._text(held)
+        elif state is _State.REASONING:
+            self._reasoning(held)
+        elif state is _State.NAME:
+            self._text(self._openers[-1] + self._name + held)
+        elif state is _State.JSON_ARGS:
+            self._emit_args(held)
+            self._end_call(completed=False)
+        elif state in (_State.KEY, _State.VALUE, _State.AFTER_PARAM, _State.CALL_CLOSE):
+            if state is _State.VALUE:
+                self._value += held
+                self._end_param()
+            self._end_call(completed=False)
+        self._go(_State.TEXT)
+        return self._take()
+
+    def _run(self, text: str) -> None:
+        if self._state is _State.START:
+            text = self._in_start(text)
+        pending = text
+        while pending:
+            if self._state is _State.JSON_ARGS:
+                pending = self._in_json(pending)
+                continue
+            pieces = self._scanner.feed(pending)
+            if not pieces:
+                return
+            first, rest = pieces[0], "".join(p.text + (p.tag or "") for p in pieces[1:])
+            given_back = self._handle(first.text, first.tag)
+            if first.tag is None and not given_back:
+                return
+            pending = given_back + rest + "".join(piece.text for piece in self._scanner.flush())
+
+    def _go(self, state: _State) -> None:
+        self._state = state
+        f = self.f
+        self._scanner.tags = {
+            _State.REASONING: (f.think_close,),
+            _State.TEXT: self._openers,
+            _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close) if f.tagged
+                          else (f.name_close,)),
+            _State.CALL_CLOSE: (f.call_close,),
+            _State.KEY: (f.param_mid,),
+            _State.VALUE: (f.param_close,),
+            _State.AFTER_PARAM: (f.param_open, f.call_close),
+            _State.AFTER_CALL: tuple(t for t in (f.call_sep + f.call_open, f.section_close) if t),
+        }.get(state, ())
+        self._scanner.tags = tuple(tag for tag in self._scanner.tags if tag)  # an empty literal is no tag
+
+    def _in_start(self, text: str) -> str:
+        self._start += text
+        opener = self.f.think_open
+        if opener.startswith(self._start) and self._start != opener:
+            return ""
+        start, self._start = self._start, ""
+        if start.startswith(opener):
+            self._go(_State.REASONING)
+            return start[len(opener):]
+        self._go(_State.TEXT)
+        return start
+
+    def _handle(self, text: str, tag: str | None) -> str:
+        state = self._state
+        if state is _State.REASONING:
+            self._reasoning(text)
+            if tag is not None:
+                self._go(_State.TEXT)
+            return ""
+        if state is _State.TEXT:
+            self._text(text)
+            if tag is not None:
+                self._name = ""
+                self._go(_State.NAME)
+            return ""
+        return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
+                _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param,
+                _State.AFTER_CALL: self._in_after_call}[state](text, tag)
+
+    # ------------------------------------------------------------------------------------ calls
+
+    def _in_name(self, text: str, tag: str | None) -> str:
+        self._name += text
+        if tag is None and len(self._name) <= _NAME_LIMIT:
+            return ""
+        name = self._name
+        if tag is None or not name or any(c.isspace() for c in name) or len(name) > _NAME_LIMIT:
+            self._text(self._openers[-1] + name)  # not a call after all
+            self._go(_State.TEXT)
+            return tag or ""
+        self._call_index += 1
+        self._events.append(ToolCallStart(self._call_index, self._new_call_id(), name))
+        self._args = ""
+        if not self.f.tagged:
+            self._cursor = JsonCursor()
+            self._state = _State.JSON_ARGS
+        elif tag == self.f.name_close + self.f.call_close:
+            self._end_call(completed=True)
+            self._go(_State.AFTER_CALL)
+        else:
+            self._key = ""
+            self._go(_State.KEY)
+        return ""
+
+    def _in_json(self, text: str) -> str:
+        cursor = self._cursor
+        for at, ch in enumerate(text):
+            cursor.step(ch)
+            if cursor.error:
+                self._emit_args(text[:at])
+                self._end_call(completed=False)
+                self._go(_State.TEXT)
+                return text[at:]
+            if cursor.done:
+                self._emit_args(text[:at + 1])
+                if self.f.call_close:
+                    self._go(_State.CALL_CLOSE)
+                else:
+                    self._end_call(completed=True)
+                    self._go(_State.AFTER_CALL)
+                return text[at + 1:]
+        self._emit_args(text)
+        return ""
+
+    def _in_call_close(self, text: str, tag: str | None) -> str:
+        if text or tag is None:  # something else follows the arguments: the call ends, the rest is text
+            self._end_call(completed=True)
+            self._go(_State.TEXT)
+            return text + (tag or "")
+        self._end_call(completed=True)
+        self._go(_State.AFTER_CALL)
+        return ""
+
+    def _in_key(self, text: str, tag: str | None) -> str:
+        self._key += text
+        if tag is None:
+            return ""
+        self._value = ""
+        self._go(_State.VALUE)
+        return ""
+
+    def _in_value(self, text: str, tag: str | None) -> str:
+        self._value += text
+        if tag is None:
+            return ""
+        self._end_param()
+        self._go(_State.AFTER_PARAM)
+        return ""
+
+    def _in_after_param(self, text: str, tag: str | None) -> str:
+        if text or tag is None:
+            self._end_call(completed=False)
+            self._go(_State.TEXT)
+            return text + (tag or "")
+        if tag == self.f.param_open:
+            self._key = ""
+            self._go(_State.KEY)
+        else:
+            self._end_call(completed=True)
+            self._go(_State.AFTER_CALL)
+        return ""
+
+    def _in_after_call(self, text: str, tag: str | None) -> str:
+        if text or tag is None:
+            self._go(_State.TEXT)
+            return text + (tag or "")
+        if tag == self.f.section_close:
+            self._go(_State.TEXT)
+        else:
+            self._name = ""
+            self._go(_State.NAME)
+        return ""
+
+    def _end_param(self) -> None:
+        tool = self._tools.get(self._current_name())
+        head = ("{" if not self._args else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
+        raw = self._value
+        value = json.dumps(raw, ensure_ascii=False) if string_param(tool, param_schemas(tool), self._key) \
+            else value_json(raw)
+        self._emit_args(head + value)
+
+    def _current_name(self) -> str:
+        return self._name
+
+    def _end_call(self, *, completed: bool) -> None:
+        if self.f.tagged:
+            self._emit_args("}" if self._args else "{}")
+        self._events.append(ToolCallEnd(self._call_index, self._args))
+        self._completed += completed
+        self._cursor = None
+
+    def _emit_args(self, text: str) -> None:
+        if text:
+            self._args += text
+            self._events.append(ToolCallArgsDelta(self._call_index, text))
+
+    # ------------------------------------------------------------------------------------ text
+
+    def _text(self, text: str) -> None:
+        if text:
+            self._events.append(TextDelta(text))
+
+    def _reasoning(self, text: str) -> None:
+        if text:
+            self._events.append(ReasoningDelta(text))
+
+    def _take(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events

@@ -1,0 +1,292 @@
+"""Find a template's tool-call format by rendering probe conversations and comparing them (format.py says what
+is found). Each probe differs from another in one thing — one call or two, one parameter or two, none, a string
+or a number, text before the calls, reasoning — so where their renderings differ tells which text belongs to
+what. The sentinels (`zqa`, `zq-v1`, ...) are strings no template writes by itself.
+
+    fmt = derive_format(template, markers)      # CallFormat, or raises NotDerivable("why")
+
+Splits between literals are snapped to the edges of special markers (`<|tool_call_begin|>`, `[ARGS]`): a
+character-level common suffix could otherwise cut `<|tool_calls_section_begin|>` into two pieces.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.jinja import JinjaChatTemplate
+
+USER = "zq-user"
+TEXT = "zq-text"
+THINK = "zq-think"
+NAME_A, NAME_B = "zqa", "zqb"
+K1, K2, KN = "zqk1", "zqk2", "zqkn"
+V1, V2, VN = "zq-v1", "zq-v2", 7
+
+PROBE_TOOLS = [
+    {"type": "function", "function": {"name": NAME_A, "description": "probe a", "parameters": {
+        "type": "object", "properties": {K1: {"type": "string"}, K2: {"type": "string"}}, "required": [K1]}}},
+    {"type": "function", "function": {"name": NAME_B, "description": "probe b", "parameters": {
+        "type": "object", "properties": {KN: {"type": "integer"}}, "required": [KN]}}},
+]
+_GENERIC_MARKER = re.compile(r"<[|｜][^<>]{0,60}?[|｜]>|<[^<>\s]{1,40}>|\[[A-Z_]{2,30}\]")
+
+
+class NotDerivable(ValueError):
+    """The template's calls cannot be described (or do not come back the same way): the reason, in words."""
+
+
+def call(name: str, arguments: dict, index: int = 0) -> dict:
+    return {"id": f"call_zq{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = ()) -> CallFormat:
+    probe = _Prober(template, tuple(markers))
+    return probe.derive()
+
+
+class _Prober:
+    def __init__(self, template: JinjaChatTemplate, markers: tuple[str, ...]):
+        self.template = template
+        self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        self.gen = self._render([{"role": "user", "content": USER}], generation=True)
+
+    # ---------------------------------------------------------------------------------- rendering
+
+    def _render(self, messages: list[dict], *, generation: bool) -> str:
+        try:
+            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation)
+        except Exception as exc:  # jinja errors, raise_exception(...), a template that insists on its own shape
+            raise NotDerivable(f"the template fails on a probe conversation: {type(exc).__name__}: {exc}") from exc
+
+    def turn(self, **assistant) -> str:
+        """The text an assistant turn adds after the generation prompt: what the model writes."""
+        message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
+        full = self._render([{"role": "user", "content": USER}, message], generation=False)
+        if not full.startswith(self.gen) and "reasoning_content" not in message:
+            # a generation prompt that opens reasoning (`<think>\n`): the model always reasons, and a turn
+            # extends that prompt only with its reasoning in it
+            message["reasoning_content"] = THINK
+            full = self._render([{"role": "user", "content": USER}, message], generation=False)
+        if not full.startswith(self.gen):
+            raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
+                               "the last turn differently from how the model is prompted to write it)")
+        return full[len(self.gen):]
+
+    # ---------------------------------------------------------------------------------- derivation
+
+    def derive(self) -> CallFormat:
+        plain = self.turn(content=TEXT)
+        if TEXT not in plain:
+            raise NotDerivable("the template does not write an assistant's text")
+        lead, tail = plain.split(TEXT, 1)
+        one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
+        if NAME_A not in one:
+            raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
+        if "call_zq0" in one:
+            raise NotDerivable("the template writes call ids the model would have to invent (not derivable yet)")
+        if json.dumps({K1: V1}, ensure_ascii=False) in one:
+            fmt = self._json_calls(lead, tail)
+        elif K1 in one and V1 in one:
+            fmt = self._tagged_calls(lead, tail)
+        else:
+            raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
+        return self._with_reasoning(self._with_content(fmt, lead), lead, tail)
+
+    def _body(self, turn: str, lead: str) -> str:
+        if not turn.startswith(lead):
+            raise NotDerivable(f"a turn with calls does not start like a turn with text ({lead!r})")
+        return turn[len(lead):]
+
+    def _json_calls(self, lead: str, tail: str) -> CallFormat:
+        a1, a2 = {K1: V1}, {KN: VN}
+        one = self._body(self.turn(tool_calls=[call(NAME_A, a1)]), lead)
+        n1 = _find(one, NAME_A)
+        s1 = _find(one, _json(a1), n1)
+        name_close = one[n1 + len(NAME_A):s1]
+        before, after = one[:n1], one[s1 + len(_json(a1)):]
+        try:
+            two = self._body(self.turn(tool_calls=[call(NAME_A, a1), call(NAME_B, a2, 1)]), lead)
+        except NotDerivable:  # a family that calls one tool per turn (Llama 3.x refuses two)
+            return self._single_call(before, after, tail, name_close=name_close)
+        n2 = _find(two, NAME_B, s1)
+        mid = two[s1 + len(_json(a1)):n2]
+        if two[n2 + len(NAME_B):].partition(_json(a2))[0] != name_close:
+            raise NotDerivable("the second call's name and arguments are not joined like the first's")
+        return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
+                           arguments="json", name_close=name_close)
+
+    def _tagged_calls(self, lead: str, tail: str) -> CallFormat:
+        two_params = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1, K2: V2})]), lead)
+        n = _find(two_params, NAME_A)
+        k1 = _find(two_params, K1, n)
+        v1 = _find(two_params, V1, k1)
+        k2 = _find(two_params, K2, v1)
+        v2 = _find(two_params, V2, k2)
+        x = two_params[n + len(NAME_A):k1]  # name_close + param_open
+        y = two_params[v1 + len(V1):k2]  # param_close + param_open
+        param_open = self._common_suffix(x, y)
+        if not param_open:
+            raise NotDerivable("no common markup opens each parameter")
+        name_close, param_close = x[:len(x) - len(param_open)], y[:len(y) - len(param_open)]
+        param_mid = two_params[k1 + len(K1):v1]
+        if two_params[k2 + len(K2):v2] != param_mid:
+            raise NotDerivable("the parameters' keys and values are not joined alike")
+        if not two_params[v2 + len(V2):].startswith(param_close):
+            raise NotDerivable("the last parameter is not closed like the others")
+        one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
+        after_one = one[_find(one, V1) + len(V1) + len(param_close):]
+        none = self._body(self.turn(tool_calls=[call(NAME_A, {})]), lead)
+        after_none = none[_find(none, NAME_A) + len(NAME_A):]
+        if after_none != name_close + after_one:
+            raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
+        markup_value = 'zq <b> "q" & \\ </x>'
+        if f"{param_mid}{markup_value}{param_close}" not in self.turn(tool_calls=[call(NAME_A, {K1: markup_value})]):
+            raise NotDerivable("a string value with markup characters is not written raw (escaped or wrapped)")
+        two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
+        first_end = _find(two, V1) + len(V1) + len(param_close)
+        n2 = _find(two, NAME_B, first_end)
+        number = f"{name_close}{param_open}{KN}{param_mid}{VN}{param_close}"
+        if not two[n2 + len(NAME_B):].startswith(number):
+            raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
+        return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
+                           two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
+                           param_open=param_open, param_mid=param_mid, param_close=param_close)
+
+    def _frame(self, before: str, mid: str, after: str, after_two: str, tail: str, **parts) -> CallFormat:
+        """The literals around calls: `before` the first name (section + call opener), `mid` between one call's
+        arguments and the next name, `after` the last arguments to the end of the turn."""
+        if after_two != after:
+            raise NotDerivable("the last of two calls does not end the turn like a single call")
+        call_open = self._common_suffix(before, mid)
+        close_and_sep = mid[:len(mid) - len(call_open)]
+        call_close = self._common_prefix(close_and_sep, after)
+        rest = after[len(call_close):]
+        if not rest.endswith(tail):
+            raise NotDerivable(f"a turn with calls does not end like a turn with text ({tail!r})")
+        return CallFormat(section_open=before[:len(before) - len(call_open)], call_open=call_open,
+                          call_close=call_close, call_sep=close_and_sep[len(call_close):],
+                          section_close=rest[:len(rest) - len(tail)], turn_end=self._turn_end(tail), **parts)
+
+    def _single_call(self, before: str, after: str, tail: str, **parts) -> CallFormat:
+        if not after.endswith(tail):
+            raise NotDerivable(f"a turn with a call does not end like a turn with text ({tail!r})")
+        return CallFormat(section_open="", call_open=before, call_close=after[:len(after) - len(tail)], call_sep="",
+                          section_close="", arguments="json", turn_end=self._turn_end(tail), single_call=True,
+                          **parts)
+
+    def _turn_end(self, tail: str) -> str:
+        """What ends a turn as the model writes it: the tail after the text up to and including its first marker
+        (the framing after it — a newline before the next turn — is the template's, not the model's)."""
+        for match in self._marker_spans(tail):
+            return tail[:match[1]]
+        return tail
+
+    def _with_content(self, fmt: CallFormat, lead: str) -> CallFormat:
+        turn = self._body(self.turn(content=TEXT, tool_calls=[call(NAME_A, {K1: V1})]), lead)
+        opener = fmt.section_open + fmt.call_open + NAME_A
+        if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
+            return _replace(fmt, text_with_calls=False)
+        if not turn.startswith(TEXT) or opener not in turn:
+            raise NotDerivable("text before calls is not written as the text, then the calls")
+        return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
+
+    def _with_reasoning(self, fmt: CallFormat, lead: str, tail: str) -> CallFormat:
+        turn = self.turn(content=TEXT, reasoning_content=THINK)
+        if THINK not in turn:
+            return _replace(fmt, think_open=_leading_marker(lead, self), think_close=lead) if lead.strip() else fmt
+        think_open, rest = turn.split(THINK, 1)
+        if TEXT not in rest:
+            raise NotDerivable("reasoning and text are not written one after the other")
+        think_close = rest[:rest.index(TEXT)]
+        if lead and lead not in (think_open + think_close, THINK + think_close):
+            raise NotDerivable(f"a turn without reasoning starts with {lead!r}, not an empty reasoning block")
+        return _replace(fmt, think_open=think_open, think_close=think_close, gen_in_think=not think_open)
+
+    # ---------------------------------------------------------------------------------- splitting
+
+    def _marker_spans(self, text: str) -> list[tuple[int, int]]:
+        spans = []
+        for marker in self.markers:
+            at = text.find(marker)
+            while at != -1:
+                spans.append((at, at + len(marker)))
+                at = text.find(marker, at + 1)
+        spans += [m.span() for m in _GENERIC_MARKER.finditer(text)]
+        return sorted(spans)
+
+    def _inside_marker(self, text: str, at: int) -> int | None:
+        """The start of a marker that position `at` cuts through, else None."""
+        for start, end in self._marker_spans(text):
+            if start < at < end:
+                return start
+        return None
+
+    def _common_suffix(self, a: str, b: str) -> str:
+        size = 0
+        while size < min(len(a), len(b)) and a[-1 - size] == b[-1 - size]:
+            size += 1
+        while size:
+            cut_a, cut_b = self._inside_marker(a, len(a) - size), self._inside_marker(b, len(b) - size)
+            if cut_a is None and cut_b is None:
+                break
+            size -= 1
+        return a[len(a) - size:]
+
+    def _common_prefix(self, a: str, b: str) -> str:
+        size = 0
+        while size < min(len(a), len(b)) and a[size] == b[size]:
+            size += 1
+        while size and (self._inside_marker(a, size) is not None or self._inside_marker(b, size) is not None):
+            size -= 1
+        return a[:size]
+
+
+def _leading_marker(lead: str, prober: _Prober) -> str:
+    spans = prober._marker_spans(lead)
+    return lead[:spans[0][1]] if spans else ""
+
+
+def _json(arguments: dict) -> str:
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def _find(text: str, needle: str, start: int = 0) -> int:
+    at = text.find(str(needle), start)
+    if at == -1:
+        raise NotDerivable(f"{needle!r} is missing where the probe expects it")
+    return at
+
+
+def _replace(fmt: CallFormat, **changes) -> CallFormat:
+    from dataclasses import replace
+
+    return replace(fmt, **changes)
+
+
+def split_markers(literal: str, markers: tuple[str, ...] = ()) -> list[str]:
+    """`literal` cut before and after every special marker in it (the vocabulary's added tokens where known,
+    else anything that looks like one): `"\\n<tool_call>\\n<function="` → `["\\n", "<tool_call>", "\\n<function="]`."""
+    spans = _marker_spans_in(literal, tuple(sorted(set(markers), key=len, reverse=True)))
+    pieces, at = [], 0
+    for start, end in spans:
+        if start < at:
+            continue
+        pieces += [literal[at:start], literal[start:end]]
+        at = end
+    pieces.append(literal[at:])
+    return [piece for piece in pieces if piece]
+
+
+def _marker_spans_in(text: str, markers: tuple[str, ...]) -> list[tuple[int, int]]:
+    spans = []
+    for marker in markers:
+        at = text.find(marker)
+        while at != -1:
+            spans.append((at, at + len(marker)))
+            at = text.find(marker, at + 1)
+    if not markers:
+        spans += [m.span() for m in _GENERIC_MARKER.finditer(text)]
+    return sorted(spans, key=lambda span: (span[0], -span[1]))

@@ -1,0 +1,43 @@
+"""A conversation rendered by the model's own template: tools, calls, results and reasoning as the template
+writes them (so the prompt is byte for byte what the model was trained on, and a call the model wrote comes
+back in the next turn's prompt exactly as written, when the parser and the fence follow the derived format)."""
+
+from __future__ import annotations
+
+import json
+
+from zllm.canonical import FunctionTool, Message, ToolCall
+from zllm.dialects.base import Conversation
+from zllm.dialects.derived.jinja import JinjaChatTemplate
+
+
+def render_conversation(template: JinjaChatTemplate, conversation: Conversation) -> str:
+    tools = [tool_spec(tool) for tool in conversation.tools] or None
+    return template([message_dict(m) for m in conversation.messages], tools=tools,
+                    add_generation_prompt=conversation.add_generation_prompt)
+
+
+def message_dict(message: Message) -> dict:
+    out: dict = {"role": message.role, "content": message.content}
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def call_dict(call: ToolCall) -> dict:
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        arguments = call.arguments  # not JSON: given to the template as the text the model wrote
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+
+
+def tool_spec(tool: FunctionTool) -> dict:
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    return {"type": "function", "function": function}
