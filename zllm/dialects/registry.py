@@ -53,6 +53,7 @@ class TokenizerFacts:
 class DialectChoice:
     dialect: Dialect
     reason: str
+    derived: bool = False  # read from the model's chat template (dialects/derived/), not a hand-written family
 
     @property
     def name(self) -> str:
@@ -109,7 +110,7 @@ def _derived(facts: TokenizerFacts) -> DialectChoice | None:
                             eos_token=facts.eos_token)
     if result.dialect is None or result.dialect.format.hermes_json:
         return None
-    return DialectChoice(result.dialect, result.reason)
+    return DialectChoice(result.dialect, result.reason, derived=True)
 
 
 def _template_reasons(template: str | None) -> bool:

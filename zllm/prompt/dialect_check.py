@@ -37,7 +37,7 @@ def describe_dialect(renderer, *, tokens: bool = True) -> DialectReport:
     if isinstance(template, str) and "tool_calls" not in template:
         reason += (f"; the chat template writes no tool calls (it never reads `tool_calls`): zllm writes them in "
                    f"{choice.name}'s format")
-    return DialectReport(choice.name, bool(getattr(choice, "derived", False)), reason,
+    return DialectReport(choice.name, choice.derived, reason,
                          check_renderer(renderer, tokens=tokens), "tokens" if tokens else "text")
 
 
