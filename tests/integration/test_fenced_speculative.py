@@ -55,7 +55,7 @@ PROMPTS = (f"What is the weather? And repeat: {ECHO}.",
            f"Search the web for the tallest tower in Rome, then tell me the weather there. Then say {ECHO}.",
            f"Say hello, and {ECHO}.")
 # room for a first call and part of a second (a DSML call is ~65 tokens over the V3.1 vocabulary)
-GREEDY_MAX_TOKENS = {"hermes": 48, "glm45": 48, "deepseek-v3.2": 80}
+GREEDY_MAX_TOKENS = {"hermes": 48, "glm45": 48, "deepseek-v3.2": 80, "harmony": 64}
 # what constrains each greedy run: tools and tool choice (no tools: no fence at all)
 FENCES = {"required": (TOOLS, ToolChoice("required")), "auto": (TOOLS, ToolChoice("auto")),
           "unfenced": ((), ToolChoice("auto"))}
