@@ -3,7 +3,7 @@ prompt prefills, each stream sends heartbeat events at their interval, and the S
 are what they would be without them.
 
 The tiny random-weight Qwen model prefills in small chunks and a step tap sleeps on each prompt chunk, so the
-prefill lasts about a second and a half; heartbeat events come every 0.1 s (api/sse.py's setting, a minute
+prefill lasts about a second and a half; heartbeat events come every 0.1 s (api/stream_pump.py's setting, a minute
 in the daemon). Claude Code's and Codex's watchdogs count such events; the real Claude Code run against a
 5-minute prefill is in the report of issue 20.
 """

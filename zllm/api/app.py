@@ -33,7 +33,7 @@ from zllm.api.json_body import BODY_PARSING, BodyParsing
 from zllm.api.ollama import routes as ollama_routes
 from zllm.api.openai_chat import routes as openai_chat_routes
 from zllm.api.openai_responses import routes as openai_responses_routes
-from zllm.api.sse import DEFAULT_EVENT_HEARTBEAT_S, DEFAULT_HEARTBEAT_S, KeepAlive
+from zllm.api.stream_pump import DEFAULT_EVENT_HEARTBEAT_S, DEFAULT_HEARTBEAT_S, KeepAlive
 from zllm.canonical import EngineClient
 from zllm.canonical.library import ModelLibrary
 from zllm.store import ResponseStore
@@ -83,7 +83,7 @@ def create_app(
     `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
     `compaction_key`: signs Responses compaction items (None: a key for this app's life only).
     `sse_heartbeat_s` / `sse_event_heartbeat_s`: how often an idle stream sends a comment / a heartbeat event
-    (api/sse.py; None = never; tests shorten them).
+    (api/stream_pump.py; None = never; tests shorten them).
     `api_key` and `api_keys` are the accepted keys (none = auth off); `namespace_secret` salts namespace ids
     (None = a fresh one: namespaces then last as long as the app). `allowed_hosts` / `allowed_origins`: the Host
     names (the bound address among them) and browser origins served besides localhost (api/guard.py)."""

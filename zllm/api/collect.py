@@ -3,34 +3,47 @@ the API's stream encoder, whose frames are folded into the one answer object (`S
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from zllm.api.errors import ReportedError, finished_error
+from zllm.api.errors import ApiError, ReportedError, finished_error
+from zllm.api.stream_pump import FrameSink, StreamEncoder, StreamPump
 from zllm.canonical import Event, Finished, FinishReason, RequestStream
 from zllm.errors import Overloaded
-
-log = logging.getLogger("zllm.api")
 
 
 async def run_to_finish(stream: RequestStream, feed: Callable[[Event], None]) -> Finished | None:
     """Feed every event to `feed` up to and including `Finished`, which is returned (None if the stream ended
     without one). A hang-up (handler cancellation) or a failure before `Finished` aborts the engine request."""
-    try:
-        async for event in stream:
-            feed(event)
-            if isinstance(event, Finished):
-                return event  # done: a hang-up from here on must not abort a finished request
-    except asyncio.CancelledError:
-        stream.abort()
-        log.info("client disconnected; aborted %s", stream.request_id)
-        raise
-    except Exception:
-        stream.abort()
-        raise
-    return None
+    return await StreamPump(stream, _Feed(feed), _NOWHERE).collect()
+
+
+class _Feed:
+    """`feed` as an encoder with no frames: the pump hands it each event."""
+
+    def __init__(self, feed: Callable[[Event], None]):
+        self.feed_event = feed
+
+    def start(self) -> list:
+        return []
+
+    def feed(self, event: Event) -> list:
+        self.feed_event(event)
+        return []
+
+    def fail(self, error: ApiError) -> list:
+        return []
+
+    def heartbeat(self) -> list:
+        return []
+
+
+class _Nowhere(FrameSink):
+    async def send(self, frames: list) -> None:
+        pass  # _Feed makes none
+
+
+_NOWHERE = _Nowhere()
 
 
 def raise_unless_completed(finished: Finished | None) -> Finished:
@@ -42,14 +55,6 @@ def raise_unless_completed(finished: Finished | None) -> Finished:
         error = finished_error(finished)
         raise ReportedError(error.code, error.message)
     return finished
-
-
-class StreamEncoder(Protocol):
-    """What every API's streaming encoder is: frames out for the start and for each event."""
-
-    def start(self) -> list: ...
-
-    def feed(self, event: Event) -> list: ...
 
 
 class Fold(Protocol):

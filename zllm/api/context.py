@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from zllm.api.sse import KeepAlive
+from zllm.api.stream_pump import KeepAlive
 from zllm.canonical import EngineClient
 
 ENGINE = web.AppKey("zllm.engine", EngineClient)
-# how an idle SSE stream is kept alive (api/sse.py: comments, heartbeat events)
+# how an idle SSE stream is kept alive (api/stream_pump.py: comments, heartbeat events)
 SSE_KEEP_ALIVE = web.AppKey("zllm.sse_keep_alive", KeepAlive)
 
 

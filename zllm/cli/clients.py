@@ -28,7 +28,7 @@ Codex speaks only the Responses API (`wire_api = "responses"`, base URL with `/v
 `model_auto_compact_token_limit`), Claude Code from its window variables (`claude_env`).
 Both clients give up on a stream after 300 s without an event (Claude Code's `CLAUDE_STREAM_IDLE_TIMEOUT_MS`,
 Codex's `stream_idle_timeout_ms`), and a cold prefill of a large window on a CPU takes longer: zllm sends
-heartbeat events meanwhile (api/sse.py), and these settings raise the timeouts to what a full window's prefill
+heartbeat events meanwhile (api/stream_pump.py), and these settings raise the timeouts to what a full window's prefill
 takes at the daemon's measured rate (`client_timeout_s`).
 Where the daemon is comes from the settings (flags of `serve`, ZLLM_* variables, the config file) and the
 model's manifest; `served_endpoint(ask_daemon=…)` is the seam for asking a running daemon instead.

@@ -1,4 +1,4 @@
-"""Heartbeat events on idle streams (api/sse.py): each API sends its own while no event comes, at the interval,
+"""Heartbeat events on idle streams (api/stream_pump.py): each API sends its own while no event comes, at the interval,
 and the real SDKs end up with the same answer and usage as without them.
 
 The fake engine waits before each event (a slow prefill before the first, slow tokens after), so heartbeats

@@ -30,7 +30,7 @@ absent field leaves the start's split in place under every one of those merges (
 one would count the prompt twice under some). A stream that ends before its split arrived (no PromptSplit)
 starts from the Finished usage.
 
-While nothing else is sent (the prompt is prefilling) the SSE pump asks for a heartbeat (api/sse.py) and
+While nothing else is sent (the prompt is prefilling) the stream pump asks for a heartbeat (api/stream_pump.py) and
 sends what `heartbeat()` returns: with no content block open a `message_delta` that repeats what the message
 already says (`heartbeat_delta`), inside a block an empty delta of the block's kind:
 
@@ -102,7 +102,7 @@ def heartbeat_delta() -> dict:
 
     One cost remains: Claude Code adds the merged usage of every message_delta to its session totals (`/cost`,
     `modelUsage`), so each heartbeat counts the prompt once more there; the pump sends them rarely (once a
-    minute, api/sse.py) and `zllm claude` raises the watchdog so that they are rarely needed."""
+    minute, api/stream_pump.py) and `zllm claude` raises the watchdog so that they are rarely needed."""
     return {"type": "message_delta", "delta": {"stop_reason": None, "stop_sequence": None},
             "usage": {"output_tokens": 0}}
 

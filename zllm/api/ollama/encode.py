@@ -165,6 +165,9 @@ class OllamaStreamEncoder:
     def fail(self, error: ApiError) -> list[dict]:
         return [ollama_error_body(error)]
 
+    def heartbeat(self) -> list[dict]:
+        return []  # never asked for: NDJSON streams are not kept alive (ndjson.py)
+
     def _finish(self, finished: Finished) -> list[dict]:
         if finished.reason is FinishReason.ABORT:
             return []

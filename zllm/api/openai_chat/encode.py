@@ -14,7 +14,7 @@ Streaming (data-only SSE; each line below is one `data:` frame):
                              "prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{…}}}
     [DONE]
 
-While nothing else is sent (a long prefill) the SSE pump sends `heartbeat()` once a minute (api/sse.py): a
+While nothing else is sent (a long prefill) the stream pump sends `heartbeat()` once a minute (api/stream_pump.py): a
 chunk whose delta is `{"content":""}`, the shape of the first chunk, which every client already handles and
 which adds nothing to the answer (a chunk with no choices would break clients that index `choices[0]` without
 having asked for usage). Comments go out too, but watchdogs that count events (Codex's) never see those.

@@ -18,7 +18,7 @@ JSON text frame each) carry the same objects; every one has a `sequence_number`,
                        ABORT after `cancel()`: response.incomplete with status "cancelled" (see wire.py);
                        any other ABORT: nothing (a disconnect or shutdown: nobody is listening)
 
-While nothing else is sent (a long prefill) the SSE pump sends `heartbeat()` once a minute (api/sse.py): the
+While nothing else is sent (a long prefill) the stream pump sends `heartbeat()` once a minute (api/stream_pump.py): the
 Responses API has no heartbeat event, so `response.in_progress` repeats (the snapshot as `response.created`
 showed it, the next sequence_number). Codex's stream watchdog (`stream_idle_timeout_ms`, 300 s by default)
 counts any event and ignores that type; the OpenAI SDK's stream state keeps its snapshot.

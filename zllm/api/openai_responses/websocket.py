@@ -26,8 +26,8 @@ across its streams (a fork chains a new stream to another's response). When disa
 refused with 426 and Codex falls back to `POST /v1/responses`. On daemon shutdown idle sockets are closed at
 once (1001 going away); busy ones after their responses (frames not yet started are dropped).
 While a response sends nothing (a long prefill), its `response.in_progress` repeats once a minute (the
-SSE pump's event heartbeat, `sse_event_heartbeat_s`): Codex's watchdog closes a socket silent for
-`stream_idle_timeout_ms` (300 s by default) and retries the turn from scratch.
+stream pump's event heartbeat, `sse_event_heartbeat_s`, api/stream_pump.py): Codex's watchdog closes a socket
+silent for `stream_idle_timeout_ms` (300 s by default) and retries the turn from scratch.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from zllm.api.openai_responses.chain import ConnectionResponses, ResponseChain
 from zllm.api.openai_responses.context import in_flight_of, seal_of, store_of
 from zllm.api.openai_responses.in_flight import InFlightResponse, InFlightResponses
 from zllm.api.openai_responses.turn import Turn, begin_turn
-from zllm.api.sse import CLIENT_GONE
-from zllm.canonical import EngineClient, Finished
+from zllm.api.stream_pump import CLIENT_GONE, FrameSink, KeepAlive, StreamPump
+from zllm.canonical import EngineClient
 from zllm.errors import InvalidRequest
 
 log = logging.getLogger("zllm.api")
@@ -241,39 +241,11 @@ class WebSocketSession:
         lane.last_response_id = turn.encoder.response["id"]
 
     async def _pump(self, turn: Turn, lane: Lane) -> None:
-        stream = turn.stream
-        lane.last_sent = asyncio.get_running_loop().time()
-        beats = asyncio.ensure_future(self._heartbeats(turn, lane)) if self.heartbeat_s else None
-        try:
-            await self._send(turn.encoder.start(), lane.stream_id)
-            async for event in stream:
-                if isinstance(event, Finished):
-                    lane.running = None  # from here on a hang-up is a normal end
-                await self._send(turn.encoder.feed(event), lane.stream_id)
-                if lane.running is None:
-                    break
-        except asyncio.CancelledError:  # handler cancellation: the connection dropped
-            stream.abort()
-            raise
-        except CLIENT_GONE:  # a write found the socket closed; the reader ends the session
-            stream.abort()
-        except Exception as exc:  # a bug in the encoder or pump: report it in-band, never as a traceback
-            stream.abort()
-            await self._send_quietly(turn.encoder.fail(describe_exception(exc)), lane.stream_id)
-        finally:
-            if beats is not None:
-                beats.cancel()
-
-    async def _heartbeats(self, turn: Turn, lane: Lane) -> None:
-        assert self.heartbeat_s is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(max(0.0, lane.last_sent + self.heartbeat_s - loop.time()))
-            if loop.time() - lane.last_sent >= self.heartbeat_s * 0.99:  # a timer may fire a hair early
-                beat = turn.encoder.heartbeat()
-                if not beat:  # the response has ended
-                    return
-                await self._send_quietly(beat, lane.stream_id)
+        # the heartbeat alone keeps a response alive here: a WebSocket has no comment frame
+        keep_alive = KeepAlive(comment_s=None, event_s=self.heartbeat_s)
+        pump = StreamPump(turn.stream, turn.encoder, _LaneSink(self, lane.stream_id), keep_alive,
+                          on_finished=lane.release)  # from Finished on, a hang-up is a normal end
+        await pump.serve()
 
     # ---------------------------------------------------------------- writing
 
@@ -282,9 +254,6 @@ class WebSocketSession:
         async with self._writing:
             for event in events:
                 await self.ws.send_str(json.dumps({**event, **tag}, separators=(",", ":")))
-        lane = self._lanes.get(stream_id)
-        if lane is not None and events:
-            lane.last_sent = asyncio.get_running_loop().time()
 
     async def _send_quietly(self, events: list[dict], stream_id: str | None) -> None:
         try:
@@ -300,6 +269,17 @@ class WebSocketSession:
         return lambda: self._send_error(exc, stream_id)
 
 
+class _LaneSink(FrameSink):
+    """A response's frames on its lane's stream of the socket."""
+
+    def __init__(self, session: WebSocketSession, stream_id: str | None):
+        self.session = session
+        self.stream_id = stream_id
+
+    async def send(self, frames: list) -> None:
+        await self.session._send(frames, self.stream_id)
+
+
 class Lane:
     """One `stream_id` of a connection: its frames in order, one response at a time, and what an append
     continues from. A worker task runs only while the lane has jobs (an idle socket holds no task)."""
@@ -309,7 +289,6 @@ class Lane:
         self.running: InFlightResponse | None = None  # the response being generated
         self.last_create: dict | None = None          # the settings `response.append` reuses
         self.last_response_id: str | None = None      # what `response.append` chains to
-        self.last_sent = 0.0                          # loop time of its last frame (heartbeats)
         self._jobs: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
         self._worker: asyncio.Future | None = None
 
@@ -325,6 +304,10 @@ class Lane:
     def abort(self) -> None:
         if self.running is not None:
             self.running.stream.abort()
+
+    def release(self) -> None:
+        """The running response has finished: nothing left to cancel or abort."""
+        self.running = None
 
     async def finish(self) -> None:
         """Drop what has not started, let the running job end."""
