@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from zllm.api.anthropic_messages import wire
 from zllm.api.fields import check_type, optional, required
+from zllm.api.tool_fields import function_tool, tool_choice_mode
 from zllm.canonical import FunctionTool, ToolChoice
 from zllm.errors import InvalidRequest
 
@@ -30,12 +31,10 @@ def decode_tool_choice(raw: object, *, has_tools: bool) -> ToolChoice:
     if mode is None:
         raise InvalidRequest(f"`tool_choice.type` must be auto, any, tool or none; got {kind!r}",
                              param="tool_choice.type")
-    if mode == "required" and not has_tools:
-        raise InvalidRequest("tool_choice 'any' needs at least one tool in `tools`", param="tool_choice")
     optional(choice, "disable_parallel_tool_use", "boolean", "tool_choice.disable_parallel_tool_use")
     if mode == "tool":
         return ToolChoice(mode="tool", name=required(choice, "name", "string", "tool_choice.name"))
-    return ToolChoice(mode=mode)
+    return tool_choice_mode(mode, has_tools=has_tools, shown=kind)
 
 
 def forced_tool_name(raw: object) -> str | None:
@@ -66,11 +65,4 @@ def _decode_tool(item: dict, param: str) -> FunctionTool:
         raise InvalidRequest(
             f"tool type {kind!r} is an Anthropic-defined tool; zllm serves only custom tools "
             "(`name`, `description`, `input_schema`)", param=f"{param}.type")
-    name = required(item, "name", "string", f"{param}.name")
-    if not name:
-        raise InvalidRequest("tool names must not be empty", param=f"{param}.name")
-    description = optional(item, "description", "string", f"{param}.description") or ""
-    schema = optional(item, "input_schema", "object", f"{param}.input_schema")
-    if schema is None:
-        return FunctionTool(name=name, description=description)
-    return FunctionTool(name=name, description=description, parameters=schema)
+    return function_tool(item, param, schema_key="input_schema")

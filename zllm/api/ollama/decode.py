@@ -18,12 +18,12 @@ answered as `{"error": "..."}`.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zllm.api.fields import check_type, decode_model, optional, required, sampling_fields
 from zllm.api.ollama import wire
 from zllm.api.output_options import ANY_JSON_OBJECT, JSON_OBJECT
+from zllm.api.tool_fields import openai_function_tool, openai_tool_call
 from zllm.canonical import (
     ChatRequest,
     FunctionTool,
@@ -146,24 +146,8 @@ def _decode_message(item: object, param: str, pending_calls: list[ToolCall]) -> 
 
 def _decode_tool_calls(item: dict, param: str) -> tuple[ToolCall, ...]:
     raw = optional(item, "tool_calls", "array", f"{param}.tool_calls") or []
-    return tuple(_decode_tool_call(call, f"{param}.tool_calls[{j}]", j) for j, call in enumerate(raw))
-
-
-def _decode_tool_call(call: object, param: str, position: int) -> ToolCall:
-    call = check_type(call, "object", param)
-    function = required(call, "function", "object", f"{param}.function")
-    name = required(function, "name", "string", f"{param}.function.name")
-    arguments = function.get("arguments")
-    if arguments is None:
-        text = "{}"
-    elif isinstance(arguments, str):  # some clients send the JSON text, as on the OpenAI API
-        text = arguments
-    else:
-        arguments = check_type(arguments, "object", f"{param}.function.arguments")
-        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-    # the same deterministic fallback id as the Chat Completions decoder: a stable render across turns and APIs
-    call_id = optional(call, "id", "string", f"{param}.id") or f"call_{position}"
-    return ToolCall(id=call_id, name=name, arguments=text)
+    return tuple(openai_tool_call(call, f"{param}.tool_calls[{j}]", j, check_kind=False)
+                 for j, call in enumerate(raw))
 
 
 def _decode_tool_result(item: dict, param: str, content: str, pending_calls: list[ToolCall]) -> Message:
@@ -192,19 +176,8 @@ def _decode_tools(raw: object) -> tuple[FunctionTool, ...]:
 
 
 def _decode_tool(item: object, param: str) -> FunctionTool:
-    item = check_type(item, "object", param)
-    kind = optional(item, "type", "string", f"{param}.type") or "function"
-    if kind != "function":
-        raise InvalidRequest(f"only function tools are supported, got type {kind!r}", param=f"{param}.type")
-    function = required(item, "function", "object", f"{param}.function")
-    name = required(function, "name", "string", f"{param}.function.name")
-    if not name:
-        raise InvalidRequest("tool names must not be empty", param=f"{param}.function.name")
-    description = optional(function, "description", "string", f"{param}.function.description") or ""
-    parameters = optional(function, "parameters", "object", f"{param}.function.parameters")
-    if parameters is None:
-        return FunctionTool(name=name, description=description)
-    return FunctionTool(name=name, description=description, parameters=_conventional_order(parameters))
+    tool = openai_function_tool(item, param, type_required=False)
+    return replace(tool, parameters=_conventional_order(tool.parameters))
 
 
 def _conventional_order(schema: dict) -> dict:

@@ -17,7 +17,6 @@ Unknown fields are ignored: agents send many vendor extensions.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from zllm.api.fields import (
@@ -30,12 +29,12 @@ from zllm.api.fields import (
 )
 from zllm.api.openai_chat import wire
 from zllm.api.output_options import decode_format, thinking_from_effort
+from zllm.api.tool_fields import openai_choice_mode, openai_function_tool, openai_tool_call
 from zllm.canonical import (
     ChatRequest,
     FunctionTool,
     Message,
     SamplingParams,
-    ToolCall,
     ToolChoice,
 )
 from zllm.errors import InvalidRequest
@@ -118,7 +117,7 @@ def _decode_message(item: object, param: str, call_names: dict[str, str]) -> Mes
 
 def _decode_assistant(item: dict, param: str, call_names: dict[str, str]) -> Message:
     raw_calls = optional(item, "tool_calls", "array", f"{param}.tool_calls") or []
-    calls = tuple(_decode_tool_call(call, f"{param}.tool_calls[{j}]", j) for j, call in enumerate(raw_calls))
+    calls = tuple(openai_tool_call(call, f"{param}.tool_calls[{j}]", j) for j, call in enumerate(raw_calls))
     call_names.update((call.id, call.name) for call in calls)
     reasoning = next((item[key] for key in wire.REASONING_ALIASES if isinstance(item.get(key), str)), None)
     return Message(
@@ -127,26 +126,6 @@ def _decode_assistant(item: dict, param: str, call_names: dict[str, str]) -> Mes
         tool_calls=calls,
         reasoning=reasoning or None,
     )
-
-
-def _decode_tool_call(call: object, param: str, position: int) -> ToolCall:
-    call = check_type(call, "object", param)
-    kind = optional(call, "type", "string", f"{param}.type") or wire.FUNCTION_TOOL
-    if kind != wire.FUNCTION_TOOL:
-        raise InvalidRequest(f"`{param}.type` must be 'function', got {kind!r}", param=f"{param}.type")
-    function = required(call, "function", "object", f"{param}.function")
-    name = required(function, "name", "string", f"{param}.function.name")
-    arguments = function.get("arguments")
-    if arguments is None:
-        arguments = "{}"
-    elif isinstance(arguments, dict):
-        # some clients send the parsed object; re-serialize compactly and deterministically
-        arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-    else:
-        arguments = check_type(arguments, "string", f"{param}.function.arguments")
-    # a deterministic fallback id keeps the rendered prompt (and so the prefix cache) stable across turns
-    call_id = optional(call, "id", "string", f"{param}.id") or f"call_{position}"
-    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 def _decode_tool_result(item: dict, param: str, call_names: dict[str, str]) -> Message:
@@ -199,35 +178,14 @@ def _decode_tools(raw: object) -> tuple[FunctionTool, ...]:
     if raw is None:
         return ()
     items = check_type(raw, "array", "tools")
-    return tuple(_decode_tool(item, f"tools[{i}]") for i, item in enumerate(items))
-
-
-def _decode_tool(item: object, param: str) -> FunctionTool:
-    item = check_type(item, "object", param)
-    kind = required(item, "type", "string", f"{param}.type")
-    if kind != wire.FUNCTION_TOOL:
-        raise InvalidRequest(f"only function tools are supported, got type {kind!r}", param=f"{param}.type")
-    function = required(item, "function", "object", f"{param}.function")
-    name = required(function, "name", "string", f"{param}.function.name")
-    if not name:
-        raise InvalidRequest("tool names must not be empty", param=f"{param}.function.name")
-    description = optional(function, "description", "string", f"{param}.function.description") or ""
-    parameters = optional(function, "parameters", "object", f"{param}.function.parameters")
-    if parameters is None:
-        return FunctionTool(name=name, description=description)
-    return FunctionTool(name=name, description=description, parameters=parameters)
+    return tuple(openai_function_tool(item, f"tools[{i}]") for i, item in enumerate(items))
 
 
 def _decode_tool_choice(raw: object, *, has_tools: bool) -> ToolChoice:
     if raw is None:
         return ToolChoice()
     if isinstance(raw, str):
-        if raw not in wire.TOOL_CHOICE_MODES:
-            raise InvalidRequest(f"`tool_choice` must be none, auto, required or a function, got {raw!r}",
-                                 param="tool_choice")
-        if raw == "required" and not has_tools:
-            raise InvalidRequest("tool_choice 'required' needs at least one tool in `tools`", param="tool_choice")
-        return ToolChoice(mode=raw)
+        return openai_choice_mode(raw, has_tools=has_tools, or_else="a function")
     choice = check_type(raw, "object", "tool_choice")
     if choice.get("type") != wire.FUNCTION_TOOL:
         raise InvalidRequest(f"`tool_choice.type` must be 'function', got {choice.get('type')!r}",

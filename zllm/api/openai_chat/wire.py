@@ -41,7 +41,6 @@ UNSUPPORTED_PARTS: dict[str, str] = {
 PART_SEPARATOR = "\n"
 
 FUNCTION_TOOL = "function"
-TOOL_CHOICE_MODES = ("none", "auto", "required")
 
 # non-standard field carrying reasoning text in deltas, messages and assistant history
 REASONING_FIELD = "reasoning_content"

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from zllm.api.fields import check_type, optional, required
 from zllm.api.openai_responses import wire
+from zllm.api.tool_fields import function_tool, openai_choice_mode, tool_name
 from zllm.canonical import FunctionTool, ToolChoice, ToolGrammar
-from zllm.errors import InvalidRequest
 
 log = logging.getLogger("zllm.api")
 
@@ -120,25 +120,14 @@ def _decode_tool(raw: object, param: str, namespace: str | None = None) -> list[
     return []
 
 
-def _tool_name(item: dict, param: str) -> str:
-    name = required(item, "name", "string", f"{param}.name")
-    if not name:
-        raise InvalidRequest("tool names must not be empty", param=f"{param}.name")
-    return name
-
-
 def _function_tool(item: dict, param: str, namespace: str | None) -> _Decoded:
-    name = _tool_name(item, param)
-    description = optional(item, "description", "string", f"{param}.description") or ""
-    parameters = optional(item, "parameters", "object", f"{param}.parameters")
-    tool = FunctionTool(qualified_name(name, namespace), description)
-    if parameters is not None:
-        tool = FunctionTool(tool.name, description, parameters)
-    return tool, WireTool("function", name, namespace), None
+    tool = function_tool(item, param)
+    return (replace(tool, name=qualified_name(tool.name, namespace)), WireTool("function", tool.name, namespace),
+            None)
 
 
 def _custom_tool(item: dict, param: str, namespace: str | None) -> _Decoded:
-    name = _tool_name(item, param)
+    name = tool_name(item, param)
     description = optional(item, "description", "string", f"{param}.description") or ""
     raw_format = optional(item, "format", "object", f"{param}.format") or {"type": "text"}
     custom_format = CustomFormat(
@@ -154,7 +143,7 @@ def _custom_tool(item: dict, param: str, namespace: str | None) -> _Decoded:
 
 
 def _namespace_tools(item: dict, param: str) -> list[_Decoded]:
-    namespace = _tool_name(item, param)
+    namespace = tool_name(item, param)
     nested = required(item, "tools", "array", f"{param}.tools")
     return [decoded for j, tool in enumerate(nested)
             for decoded in _decode_tool(tool, f"{param}.tools[{j}]", namespace)]
@@ -164,12 +153,7 @@ def decode_tool_choice(raw: object, tools: ToolSet) -> ToolChoice:
     if raw is None:
         return ToolChoice()
     if isinstance(raw, str):
-        if raw not in wire.TOOL_CHOICE_MODES:
-            raise InvalidRequest(f"`tool_choice` must be none, auto, required or a tool, got {raw!r}",
-                                 param="tool_choice")
-        if raw == "required" and not tools.tools:
-            raise InvalidRequest("tool_choice 'required' needs at least one tool", param="tool_choice")
-        return ToolChoice(mode=raw)
+        return openai_choice_mode(raw, has_tools=bool(tools.tools), or_else="a tool")
     choice = check_type(raw, "object", "tool_choice")
     kind = required(choice, "type", "string", "tool_choice.type")
     if kind in (wire.FUNCTION_TOOL, wire.CUSTOM_TOOL):

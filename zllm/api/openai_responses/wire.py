@@ -57,7 +57,6 @@ NAMESPACE_SEPARATOR = "."
 # the one argument a custom (freeform) tool takes when exposed as a canonical function tool
 CUSTOM_INPUT = "input"
 
-TOOL_CHOICE_MODES = ("none", "auto", "required")
 
 INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 # our `encrypted_content`: not encryption (the daemon is local) but an opaque, exact copy of the reasoning
