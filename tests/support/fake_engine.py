@@ -135,6 +135,11 @@ class FakeEngineClient:
     def models(self) -> list[ModelCard]:
         return list(self._models)
 
+    async def check(self, model: str, request: ChatRequest | None = None) -> None:
+        card = self._card(model)
+        if request is not None and card.context_length - self._count(request) < 1:
+            raise ContextLengthExceeded(self._count(request), card.context_length)
+
     async def count_tokens(self, request: ChatRequest) -> int:
         return self._count(request)
 

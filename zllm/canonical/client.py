@@ -53,6 +53,12 @@ class EngineClient(Protocol):
         """
         ...
 
+    async def check(self, model: str, request: ChatRequest | None = None) -> None:
+        """What `submit` checks before it queues, without queueing anything: `model` is served (`ModelNotFound`)
+        and `request`, if given, renders to a prompt that leaves room for at least one output token
+        (`ContextLengthExceeded`)."""
+        ...
+
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens `request` would use, rendered exactly as `submit` renders it."""
         ...

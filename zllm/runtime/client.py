@@ -223,9 +223,7 @@ class LocalEngineClient:
         self._check_queue()
         prompt, fence, fingerprint = await self._off_loop(self._prepare, request)
         prompt_tokens = len(prompt.token_ids)
-        room = self.context_length - prompt_tokens
-        if room < 1:  # the prompt must leave room for at least one output token
-            raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        room = self._room(prompt_tokens)
         self._check_queue()  # again: others may have queued while this prompt was rendering
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -262,6 +260,11 @@ class LocalEngineClient:
         self.engine.submit(engine_request)
         return stream
 
+    async def check(self, model: str, request: ChatRequest | None = None) -> None:
+        self._check_model(model)
+        if request is not None:
+            self._room(await self.count_tokens(request))
+
     async def count_tokens(self, request: ChatRequest) -> int:
         self._check_model(request.model)
         return len((await self._render(request)).token_ids)
@@ -292,6 +295,13 @@ class LocalEngineClient:
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
             raise ModelNotFound(model, available=[self.model_name])
+
+    def _room(self, prompt_tokens: int) -> int:
+        """The room a prompt leaves for output: it must leave at least one token."""
+        room = self.context_length - prompt_tokens
+        if room < 1:
+            raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        return room
 
     def _check_queue(self) -> None:
         if self.queue_waiting >= self.max_queue:

@@ -134,6 +134,20 @@ def test_prompt_that_fills_the_window_is_rejected(make_client) -> None:
     assert finished.usage.completion_tokens == 1
 
 
+def test_check_is_what_submit_checks_without_queueing(client) -> None:
+    """EngineClient.check: what the Responses edge asks of a `generate: false` turn (openai_responses/turn.py)."""
+    too_long = request("word " * 600)
+    prompt_tokens = run(client.count_tokens(too_long))
+    with pytest.raises(ContextLengthExceeded) as info:
+        run(client.check(MODEL, too_long))
+    assert (info.value.prompt_tokens, info.value.max_context) == (prompt_tokens, 512)
+    run(client.check(MODEL))  # no request: only the model is checked
+    run(client.check(MODEL, request()))
+    with pytest.raises(ModelNotFound):
+        run(client.check("other"))
+    assert client.queue_waiting == 0
+
+
 def test_unknown_model(client) -> None:
     with pytest.raises(ModelNotFound):
         run(client.submit(request(model="other")))

@@ -37,7 +37,7 @@ from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.items import decode_input
 from zllm.api.openai_responses.response_object import response_shell
 from zllm.canonical import EngineClient, Message, RequestStream
-from zllm.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from zllm.errors import InvalidRequest
 from zllm.store import StoredResponse
 
 _TERMINAL_TYPES = frozenset(wire.TERMINAL_EVENTS.values())
@@ -74,10 +74,11 @@ async def begin_turn(body: dict, *, engine: EngineClient, chain: ResponseChain, 
     if compacting and call.prewarm:
         raise InvalidRequest("`prompt_cache_options.prewarm` cannot run a compaction", param="prompt_cache_options")
     if not call.generate and not call.prewarm:
-        window = _check_model(engine, call.model)
-        if call.store and plan.conversation:  # kept: held to a turn's window, or the store fills with the unusable
-            await _check_fits(engine, chat_request(call, plan, request_id=ids.request_id(), namespace=namespace),
-                              window)
+        # checked as `submit` checks a turn; a kept one is held to a turn's window too (or the store fills with
+        # the unusable)
+        kept = call.store and plan.conversation
+        await engine.check(call.model, chat_request(call, plan, request_id=ids.request_id(), namespace=namespace)
+                           if kept else None)
         return Turn(call, encoder, None)
     build = summary_request if compacting else chat_request
     request = build(call, plan, request_id=ids.request_id(), namespace=namespace)
@@ -121,21 +122,6 @@ class TerminalResponse:
     def result(self) -> dict:
         assert self._response is not None, "the encoder answers every completed Finished with a terminal event"
         return self._response
-
-
-def _check_model(engine: EngineClient, model: str) -> int:
-    """The served model's context window; ModelNotFound for another model."""
-    cards = {card.id: card for card in engine.models()}
-    if model not in cards:
-        raise ModelNotFound(model, available=list(cards))
-    return cards[model].context_length
-
-
-async def _check_fits(engine: EngineClient, request, window: int) -> None:
-    """The rule `submit` applies: the prompt must leave room for at least one output token."""
-    prompt_tokens = await engine.count_tokens(request)
-    if window - prompt_tokens < 1:
-        raise ContextLengthExceeded(prompt_tokens, window)
 
 
 def _stored(response: dict, history: tuple[Message, ...], plan: Plan, namespace: str, created_at: int,
