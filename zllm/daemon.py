@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from zllm import __version__
+from zllm import __version__, memory
 from zllm.config import Settings, configured_api_keys, split_list
 from zllm.errors import ConfigError, ModelNotFound, PullError
 from zllm.install_secrets import FILES as INSTALL_SECRET_FILES
@@ -161,7 +161,9 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
         responses.close()
         fingerprints.close()
         raise
-    release_freed_heap()
+    # hand the heap loading freed back to the OS: glibc keeps freed pages in its arenas, counted as resident
+    # (the load's parsed JSON, tokenizer clones and GGUF metadata, ~tens of MB)
+    memory.trim()
     try:
         control.attach(engine, describe_model(engine, served))
         control.attach_diagnoses(fingerprints.diagnosis)
@@ -321,16 +323,3 @@ def _run_loop(main) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
-
-
-def release_freed_heap() -> None:
-    """Hand the heap that loading freed back to the OS (glibc keeps freed pages in its arenas, counted as
-    resident: the load's parsed JSON, tokenizer clones and GGUF metadata, ~tens of MB); a no-op elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        pass

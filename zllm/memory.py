@@ -17,9 +17,10 @@ log = logging.getLogger("zllm.memory")
 
 @functools.cache
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
+    # find_library needs ldconfig (or a compiler), which slim containers lack: glibc's soname then
+    name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
         return None
 

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zllm.errors import ConfigError
-
-# the GGUF a model directory holds (zllm/models/weights.py names the same file; engine/ cannot import models/)
-GGUF_FILE = "model.gguf"
+from zllm.model_files import GGUF_FILE  # noqa: F401 (engine/loader.py takes it from here)
 
 
 @dataclass(frozen=True)

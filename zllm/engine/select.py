@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from zllm.engine.loaded import GGUF_FILE, LoadedModel
+from zllm.engine.loaded import LoadedModel
 from zllm.errors import ConfigError
+from zllm.model_files import GGUF_FILE
 
 BACKENDS = ("auto", "torch", "llamacpp")
 

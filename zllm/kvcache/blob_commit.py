@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from zllm.durable import fsync_path
+
 log = logging.getLogger("zllm.kvcache")
 
 Row = TypeVar("Row")
@@ -37,7 +39,7 @@ def commit_blob(temp: Path, final: Path, write: Callable[[Path], int], index: Ca
         stage("blob-written")
         os.replace(temp, final)
         stage("blob-renamed")
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
         stage("dir-synced")
         row = index(size)
     except BaseException:
@@ -46,14 +48,6 @@ def commit_blob(temp: Path, final: Path, write: Callable[[Path], int], index: Ca
     if row is None:
         _remove(temp, final)
     return row
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(*paths: Path) -> None:

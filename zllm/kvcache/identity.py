@@ -15,7 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
-MANIFEST_FILE = "zllm-manifest.json"
+from zllm.model_files import MANIFEST_FILE
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 
 

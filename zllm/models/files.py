@@ -12,6 +12,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from zllm.durable import fsync_path
+
 CHUNK = 1 << 20
 
 # called with the bytes done so far
@@ -67,26 +69,11 @@ def link_or_copy(src: Path, dst: Path, on_bytes: BytesDone | None = None) -> Non
         copy_file(real, dst, on_bytes)
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory's fsync makes renames and new entries in it durable)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return  # e.g. directories cannot be opened on Windows; nothing more we can do there
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(root: Path) -> None:
     for path in regular_files(root):
-        fsync_path(path)
+        fsync_path(path, best_effort=True)
     for directory in sorted({p.parent for p in root.rglob("*")} | {root}):
-        fsync_path(directory)
+        fsync_path(directory, best_effort=True)
 
 
 def remove_tree(path: Path) -> None:

@@ -27,7 +27,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MANIFEST_FILE = "zllm-manifest.json"
+from zllm.model_files import MANIFEST_FILE
+
 MANIFEST_FORMAT = 1
 
 

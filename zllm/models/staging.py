@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from zllm.models.files import fsync_path, remove_tree
+from zllm.durable import fsync_path
+from zllm.models.files import remove_tree
 from zllm.models.manifest import read_manifest
 from zllm.models.names import dir_name
 
@@ -137,7 +138,7 @@ class StagingArea:
         with locked(self.models_dir / STORE_LOCK):
             if not target.exists():
                 os.rename(stage.replaced, target)
-                fsync_path(self.models_dir)
+                fsync_path(self.models_dir, best_effort=True)
 
 
 def _older_than(path: Path, seconds: float) -> bool:

@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zllm.durable import fsync_path
 from zllm.errors import InvalidRequest, ModelNotFound, PullError, ZllmError
 from zllm.models.aliases import upgrade_for
 from zllm.models.checks import check_model_dir
-from zllm.models.files import fsync_path, fsync_tree, listing_digest, regular_files, sha256_file
+from zllm.models.files import fsync_tree, listing_digest, regular_files, sha256_file
 from zllm.models.manifest import MANIFEST_FILE, Manifest, read_manifest, write_manifest
 from zllm.models.names import check_name, dir_name, is_valid_name
 from zllm.models.progress import NullProgress, PullProgress
@@ -87,7 +88,7 @@ class ModelStore:
         # the lock is released before the staging directory (and with it the model's files) is deleted
         with self._staging.new() as stage, locked(self.models_dir / STORE_LOCK):
             os.rename(model.path, stage.removed)  # gone from the store in one step
-            fsync_path(self.models_dir)
+            fsync_path(self.models_dir, best_effort=True)
 
     def resolve_name(self, source: str, name: str | None = None, *, file: str | None = None) -> str:
         """The name `pull(source, name=name, file=file)` would store the model under."""
@@ -154,7 +155,7 @@ class ModelStore:
                 # the swap: old model aside (into the staging dir, which deletes it), new one in
                 os.rename(target, stage.replaced)
             os.rename(stage.model, target)
-            fsync_path(self.models_dir)
+            fsync_path(self.models_dir, best_effort=True)
 
 
 def _checked_name(name: str) -> str:
@@ -208,5 +209,5 @@ def _seal(stage: Stage, name: str, source: str, fetched: Fetched, progress: Pull
     )
     fsync_tree(stage.model)
     write_manifest(stage.model, manifest)  # last: a directory with a manifest is a whole model
-    fsync_path(stage.model)
+    fsync_path(stage.model, best_effort=True)
     return manifest

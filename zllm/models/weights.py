@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-GGUF_FILE = "model.gguf"
+from zllm.model_files import GGUF_FILE
+
 SAFETENSORS = "safetensors"
 GGUF = "gguf"
 

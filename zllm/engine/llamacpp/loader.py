@@ -23,8 +23,9 @@ from types import SimpleNamespace
 
 from zllm.engine.llamacpp.backend import (EXACT_ATTENTION, FAST_ATTENTION, ContextSettings, LlamaCppEngine,
                                           read_quantization)
-from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
+from zllm.engine.loaded import LoadedModel, _context_length
 from zllm.errors import ConfigError
+from zllm.model_files import GGUF_FILE
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
 
 MiB = 1 << 20
