@@ -3,7 +3,7 @@
     secrets = load_install_secrets(state_dir)   # state_dir/install.secret: 32 random bytes, 0600, made once
     secrets.namespace     # salts namespace ids (api/auth.py); the SSD tier and the Responses store file rows
                           # under those ids, so it must not change across restarts
-    secrets.compaction    # signs Responses `compaction` items (api/openai_responses/compaction.py): an item
+    secrets.compaction    # signs Responses `compaction` items (api/openai_responses/compaction_seal.py): an item
                           # made before a restart must still open after it
 
 A purpose's key is HMAC-SHA256(root, purpose): one key that leaks (a namespace id brute-forced, say) tells

@@ -1,5 +1,5 @@
 """The summary that replaces a conversation's history, written by the served model: one summariser for every
-API's compaction (Responses `compaction` items, openai_responses/compact.py; Anthropic's `compact_20260112`
+API's compaction (Responses `compaction` items, openai_responses/compaction_turn.py; Anthropic's `compact_20260112`
 edit, anthropic_messages/compaction.py).
 
     request = summary_request(turn)                 # the turn's own prompt + one user message asking for it

@@ -18,7 +18,6 @@ from zllm.control.pidfile import probe
 from zllm.control.protocol import INTERNAL, ControlError, DaemonUnreachable
 from zllm.errors import ZllmError
 
-EXIT_OK = 0
 EXIT_USER = 1  # the user can fix it: a bad flag, a missing model, a setting out of range
 EXIT_INTERNAL = 2  # a bug: please report it
 EXIT_UNREACHABLE = 3  # no daemon answers on the control socket

@@ -1,5 +1,5 @@
 """The engine seam (contract.py) and its backends: torch + transformers (loader.py, runner.py, packed.py,
-kv_layers.py, torch_logits.py) and llama.cpp (llamacpp/). Tensors in, tensors out.
+kv_layers.py, torch_sampling.py) and llama.cpp (llamacpp/). Tensors in, tensors out.
 
 No JSON, no protocol names, no chat templates (those live in prompt/), no scheduling (runtime/). The names below
 are imported on first use: importing `zllm.engine.<module>` for the llama.cpp path must not load torch.

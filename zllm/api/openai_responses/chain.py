@@ -13,7 +13,7 @@ import logging
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from zllm.api.openai_responses.compaction import CompactionSeal
+from zllm.api.openai_responses.compaction_seal import CompactionSeal
 from zllm.errors import ZllmError
 from zllm.store import ResponseStore, StoredResponse
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from zllm.api.openai_responses.chain import BackgroundStore
-from zllm.api.openai_responses.compaction import CompactionSeal
+from zllm.api.openai_responses.compaction_seal import CompactionSeal
 from zllm.api.openai_responses.in_flight import InFlightResponses
 
 RESPONSES = web.AppKey("zllm.responses.store", BackgroundStore)

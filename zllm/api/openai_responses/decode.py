@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from zllm.api.fields import check_type, decode_model, optional, sampling_fields
 from zllm.api.openai_responses import wire
-from zllm.api.openai_responses.compaction import CompactionSeal
+from zllm.api.openai_responses.compaction_seal import CompactionSeal
 from zllm.api.openai_responses.items import (
     DecodedInput,
     decode_input,
@@ -79,7 +79,7 @@ class Plan:
 
 
 def decode_responses_request(body: dict, *, seal: CompactionSeal | None = None) -> ResponsesCall:
-    """`seal` opens the `compaction` items of `input` (compaction.py)."""
+    """`seal` opens the `compaction` items of `input` (compaction_seal.py)."""
     _reject_unsupported(body)
     include = optional(body, "include", "array") or []
     instructions = optional(body, "instructions", "string")

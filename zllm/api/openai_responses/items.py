@@ -13,7 +13,7 @@ turn and a client that echoes the items back see the same conversation).
   → system "Be brief." · user "ls?" · assistant(reasoning "use exec", tool_calls [exec_command, apply_patch])
     · tool(call_1) "a.txt" · tool(call_2) "ok"        + the additional tools, declared for the request
 
-A `compaction` item (ours: see compaction.py) becomes the user message holding its summary; a final
+A `compaction` item (ours: see compaction_seal.py) becomes the user message holding its summary; a final
 `compaction_trigger` item asks for this turn to write one (`DecodedInput.compaction_trigger`).
 
 Consecutive reasoning / assistant message / call items form one assistant message (that is how one model
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from zllm.api.fields import check_type, json_type_name, optional, required
 from zllm.api.openai_responses import wire
-from zllm.api.openai_responses.compaction import (
+from zllm.api.openai_responses.compaction_seal import (
     COMPACTION,
     COMPACTION_SUMMARY,
     COMPACTION_TRIGGER,

@@ -7,7 +7,7 @@
     DELETE /v1/responses/{id}   → {"id": …, "object": "response", "deleted": true}
     POST   /v1/responses/{id}/cancel → the response object, status "cancelled" (see `cancel_response`)
     POST   /v1/responses/compact → {"object": "response.compaction", "output": [… a `compaction` item]}
-                                  (compact.py; an input ending in `compaction_trigger` compacts on POST
+                                  (compaction_turn.py; an input ending in `compaction_trigger` compacts on POST
                                   /v1/responses itself)
 
 Errors before the first event (bad body, unknown previous_response_id, unknown model, prompt too long) are
@@ -29,8 +29,8 @@ from zllm.api.openai_responses.chain import (
     ResponseChain,
     ResponseNotFound,
 )
-from zllm.api.openai_responses.compact import compact
-from zllm.api.openai_responses.compaction import CompactionSeal
+from zllm.api.openai_responses.compaction_seal import CompactionSeal
+from zllm.api.openai_responses.compaction_turn import compact
 from zllm.api.openai_responses.context import IN_FLIGHT, RESPONSES, SEAL, in_flight_of, seal_of, store_of
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.in_flight import InFlightResponses

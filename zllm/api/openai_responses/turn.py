@@ -25,7 +25,7 @@ from zllm.api.cache_diagnostics import (
 from zllm.api.collect import StreamedAnswer, run_to_finish
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
-from zllm.api.openai_responses.compact import CompactionEventEncoder, summary_request
+from zllm.api.openai_responses.compaction_turn import CompactionEventEncoder, summary_request
 from zllm.api.openai_responses.decode import (
     Plan,
     ResponsesCall,

@@ -9,7 +9,7 @@ Request fields decoded (decode.py); every other field is accepted and ignored (C
     prompt_cache_options (comparison_response_id, prewarm: a prefill-only request)
 
 Input items: message (roles developer/system/user/assistant), reasoning, function_call(+_output),
-custom_tool_call(+_output), additional_tools, compaction (zllm's own, see compaction.py) and a final
+custom_tool_call(+_output), additional_tools, compaction (zllm's own, see compaction_seal.py) and a final
 compaction_trigger (this turn writes one). Tools: function, namespace, custom; hosted tools are skipped.
 """
 

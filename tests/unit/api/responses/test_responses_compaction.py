@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from tests.support.fake_engine import text_events, tool_call_events
-from zllm.api.openai_responses.compact import SUMMARY_PROMPT
-from zllm.api.openai_responses.compaction import EXPANDED_HEADER, CompactionSeal
+from zllm.api.openai_responses.compaction_seal import EXPANDED_HEADER, CompactionSeal
+from zllm.api.openai_responses.compaction_turn import SUMMARY_PROMPT
 from zllm.canonical import Message
 
 KEY = b"k" * 32

@@ -14,7 +14,7 @@
 The summary request is the conversation as the client sent it (same instructions, tools and history, so its
 prompt is the last turn's prompt and comes from the prefix cache) plus one user message asking for the
 summary; no tool is called and no reasoning is asked for. The client sends the `compaction` item back as
-the start of its next input and zllm expands it (compaction.py).
+the start of its next input and zllm expands it (compaction_seal.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from zllm import ids
 from zllm.api.openai_responses import wire
 from zllm.api.openai_responses.chain import ResponseChain
-from zllm.api.openai_responses.compaction import COMPACTION, COMPACTION_ID, CompactionSeal
+from zllm.api.openai_responses.compaction_seal import COMPACTION, COMPACTION_ID, CompactionSeal
 from zllm.api.openai_responses.decode import Plan, ResponsesCall, chat_request, decode_responses_request, plan_turn
 from zllm.api.openai_responses.encode import ResponseEventEncoder
 from zllm.api.openai_responses.response_object import usage_body
