@@ -22,12 +22,11 @@ While no event comes the pump (api/stream_pump.py) keeps the stream alive with a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from zllm.api.stream_pump import CLIENT_GONE, FrameSink, KeepAlive, StreamEncoder, StreamPump
+from zllm.api.stream_pump import HttpStreamSink, KeepAlive, StreamEncoder, StreamPump
 from zllm.canonical import RequestStream
 
 
@@ -57,10 +56,9 @@ class _EventStreamResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-class SseWriter(FrameSink):
+class SseWriter(HttpStreamSink):
     def __init__(self, request: web.Request):
-        self.request = request
-        self.response = _EventStreamResponse(
+        super().__init__(request, _EventStreamResponse(
             status=200,
             headers={
                 "Content-Type": "text/event-stream",
@@ -68,24 +66,13 @@ class SseWriter(FrameSink):
                 # tells reverse proxies (nginx) not to buffer the stream
                 "X-Accel-Buffering": "no",
             },
-        )
+        ))
 
-    async def open(self) -> None:
-        await self.response.prepare(self.request)
-
-    async def send(self, payloads: Iterable[SsePayload]) -> None:
-        data = b"".join(encode_frame(p) for p in payloads)
-        if data:
-            await self.response.write(data)
+    def encode(self, frame: SsePayload) -> bytes:
+        return encode_frame(frame)
 
     async def send_filler(self) -> None:
         await self.response.write(b": keep-alive\n\n")
-
-    async def close(self) -> None:
-        try:
-            await self.response.write_eof()
-        except CLIENT_GONE:
-            pass  # some clients (Codex) hang up right after the last event, before the chunked terminator
 
 
 async def stream_sse(

@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+from aiohttp import web
 
 from zllm.api.errors import ApiError, describe_exception
 from zllm.canonical import Event, Finished, RequestStream
@@ -77,6 +79,31 @@ class FrameSink:
 
     async def close(self) -> None:
         pass
+
+
+class HttpStreamSink(FrameSink):
+    """Frames written to a streamed HTTP response: `encode` makes one frame's bytes (SSE, NDJSON)."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse):
+        self.request = request
+        self.response = response
+
+    def encode(self, frame) -> bytes:
+        raise NotImplementedError
+
+    async def open(self) -> None:
+        await self.response.prepare(self.request)
+
+    async def send(self, frames: Iterable) -> None:
+        data = b"".join(self.encode(frame) for frame in frames)
+        if data:
+            await self.response.write(data)
+
+    async def close(self) -> None:
+        try:
+            await self.response.write_eof()
+        except CLIENT_GONE:
+            pass  # some clients (Codex) hang up right after the last frame, before the chunked terminator
 
 
 @dataclass(frozen=True)

@@ -8,34 +8,20 @@ nothing while it prefills, so its clients wait without an idle timeout (the olla
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from aiohttp import web
 
 from zllm.api.ollama import wire
 from zllm.api.ollama.encode import encode_line
-from zllm.api.stream_pump import CLIENT_GONE, FrameSink, KeepAlive, StreamEncoder, StreamPump
+from zllm.api.stream_pump import HttpStreamSink, KeepAlive, StreamEncoder, StreamPump
 from zllm.canonical import RequestStream
 
 
-class NdjsonWriter(FrameSink):
+class NdjsonWriter(HttpStreamSink):
     def __init__(self, request: web.Request):
-        self.request = request
-        self.response = web.StreamResponse(status=200, headers={"Content-Type": wire.NDJSON})
+        super().__init__(request, web.StreamResponse(status=200, headers={"Content-Type": wire.NDJSON}))
 
-    async def open(self) -> None:
-        await self.response.prepare(self.request)
-
-    async def send(self, objects: Iterable[dict]) -> None:
-        data = b"".join(encode_line(obj) for obj in objects)
-        if data:
-            await self.response.write(data)
-
-    async def close(self) -> None:
-        try:
-            await self.response.write_eof()
-        except CLIENT_GONE:
-            pass
+    def encode(self, frame: dict) -> bytes:
+        return encode_line(frame)
 
 
 async def stream_ndjson(request: web.Request, stream: RequestStream, encoder: StreamEncoder) -> web.StreamResponse:
