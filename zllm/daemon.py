@@ -238,11 +238,11 @@ def log_dialect_check(engine) -> None:
 def near_miss_explainer():
     """`zllm cache explain-miss`'s analysis, when the inspect package is installed with this daemon."""
     try:
-        from zllm.inspect.explain_miss import explain_near_miss
+        from zllm.diagnosis.explain import explain_near_miss
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("zllm.inspect"):
             raise
-        log.debug("zllm.inspect.explain_miss is not available: explain-miss shows raw near-miss records")
+        log.debug("zllm.diagnosis.explain is not available: explain-miss shows raw near-miss records")
         return None
     return explain_near_miss
 
@@ -283,7 +283,7 @@ def make_private(settings: Settings) -> None:
 
 def open_fingerprint_store(settings: Settings):
     """The prompt fingerprints behind cache diagnostics (state_dir/fingerprints.sqlite3), bounded."""
-    from zllm.store.fingerprints import FingerprintStore
+    from zllm.diagnosis.fingerprint_store import FingerprintStore
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return FingerprintStore(settings.state_dir / "fingerprints.sqlite3")

@@ -36,8 +36,8 @@ from zllm.api.openai_responses import routes as openai_responses_routes
 from zllm.api.sse import DEFAULT_EVENT_HEARTBEAT_S, DEFAULT_HEARTBEAT_S, KeepAlive
 from zllm.canonical import EngineClient
 from zllm.canonical.library import ModelLibrary
+from zllm.diagnosis.fingerprint_store import FingerprintStore
 from zllm.store import ResponseStore
-from zllm.store.fingerprints import FingerprintStore
 
 log = logging.getLogger("zllm.api")
 

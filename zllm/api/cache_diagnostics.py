@@ -26,7 +26,7 @@ text_format_changed, reasoning_effort_changed; and `prompt_cache_options` echoed
 `zllm` is what the hosted APIs cannot say, ignored by the SDKs (it lands in `model_extra`): the segment and the
 token index where the prompts part, the likely cause, the busters this request carries. Which fingerprints are
 kept: every Anthropic request that sends `diagnostics`, and every Responses response (a comparison may name
-any of them); in sqlite in the state dir (zllm/store/fingerprints.py), bounded, so they survive a restart.
+any of them); in sqlite in the state dir (zllm/diagnosis/fingerprint_store.py), bounded, so they survive a restart.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from aiohttp import web
 
 from zllm.api.fields import check_type, optional
 from zllm.canonical import EngineClient, RequestStream
-from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore
+from zllm.diagnosis.fingerprint_store import FingerprintStore
+from zllm.diagnosis.records import CacheDiagnosis
 
 log = logging.getLogger("zllm.api")
 

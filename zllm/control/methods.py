@@ -68,7 +68,7 @@ class ControlMethods:
     def __init__(self, facts: DaemonFacts, *, trace, logs, request_shutdown: Callable[[], None],
                  explain: Callable[[Any], Any] | None = None):
         """`trace`: a TraceHub; `logs`: a BroadcastRing of log lines; `explain(near_miss) -> obj with
-        .to_json()` (zllm.inspect.explain_miss), None when unavailable."""
+        .to_json()` (zllm.diagnosis.explain), None when unavailable."""
         self.facts = facts
         self.phase = "loading"
         self._trace = trace

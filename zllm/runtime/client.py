@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
+from zllm.diagnosis.busters import describe_busters, reported_busters
+from zllm.diagnosis.fingerprint import fingerprint_request
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
+from zllm.diagnosis.segments import position_describer
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loaded import LoadedModel
@@ -34,11 +38,8 @@ from zllm.prompt import (
     PromptRenderer,
     RenderedPrompt,
     model_stop_token_ids,
-    position_describer,
 )
-from zllm.prompt.cache_busters import describe_busters, reported_busters
 from zllm.prompt.dialect_check import check_renderer
-from zllm.prompt.fingerprint import fingerprint_request
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
@@ -51,7 +52,6 @@ from zllm.runtime.prefix import (
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
-from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
 
 _T = TypeVar("_T")
 
@@ -76,7 +76,7 @@ class LocalRequestStream:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._prompt_split = prompt_split  # set from the engine thread (EngineRequest.report_prompt)
-        # the prompt's digests and token ids, for cache diagnostics (zllm/store/fingerprints.py)
+        # the prompt's digests and token ids, for cache diagnostics (zllm/diagnosis/fingerprint_store.py)
         self.fingerprint = fingerprint
         self._engine_request = engine_request
         self._events = events
@@ -276,7 +276,7 @@ class LocalEngineClient:
                        compared_with: str) -> CacheDiagnosis:
         """Why `current` cannot reuse all of `previous`'s cached prompt (zllm/inspect/cache_diagnosis.py),
         with this model's tokenizer to read the tokens on both sides of the divergence. Any thread."""
-        from zllm.inspect.cache_diagnosis import diagnose  # the inspect package loads only when asked
+        from zllm.diagnosis.cache_diagnosis import diagnose  # the inspect package loads only when asked
 
         return diagnose(previous, current, compared_with=compared_with, decode=self.renderer.tokenizer.decode)
 

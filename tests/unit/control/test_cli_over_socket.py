@@ -31,7 +31,7 @@ def env(monkeypatch, short_dir, tmp_path):
 
 
 def real_explainer(record):
-    from zllm.inspect.explain_miss import explain_near_miss
+    from zllm.diagnosis.explain import explain_near_miss
 
     return explain_near_miss(dataclasses.asdict(record))
 

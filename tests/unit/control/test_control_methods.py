@@ -14,9 +14,10 @@ from zllm.control.client import ControlClient
 from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import ControlError, LoadedModelInfo
 from zllm.control.served import ServedCache, ServedEngine
+from zllm.diagnosis.fingerprint_store import FingerprintStore
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
 from zllm.runtime.report import RequestReport
 from zllm.runtime.trace import LogHub, TraceHub
-from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore, RequestFingerprint
 
 NOW = time.time()
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from zllm.canonical import ChatRequest, FunctionTool, Message
-from zllm.inspect.cache_diagnosis import diagnose
-from zllm.prompt.fingerprint import fingerprint_request
-from zllm.prompt.segments import shared_prefix_length
+from zllm.diagnosis.cache_diagnosis import diagnose
+from zllm.diagnosis.fingerprint import fingerprint_request
+from zllm.diagnosis.segments import shared_prefix_length
 
 SYSTEM = "You are a coding agent."
 BASH = FunctionTool("Bash", "Run a command.", {"type": "object", "properties": {"command": {"type": "string"}}})

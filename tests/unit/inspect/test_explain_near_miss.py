@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from zllm.canonical import ChatRequest, FunctionTool, Message
+from zllm.diagnosis.near_miss import NearMiss, NearMissLog
+from zllm.diagnosis.segments import position_describer
 from zllm.inspect import Cause, explain_near_miss, format_explanation
-from zllm.kvcache.near_miss import NearMiss, NearMissLog
-from zllm.prompt import position_describer
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = (FunctionTool("Bash", "Run a command.", SCHEMA), FunctionTool("Read", "Read a file.", SCHEMA))

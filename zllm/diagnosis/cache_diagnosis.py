@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
-from zllm.prompt.segments import shared_prefix_length
-from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
+from zllm.diagnosis.causes import Cause, Diagnosis, diagnose_text
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
+from zllm.diagnosis.segments import shared_prefix_length
 
 WINDOW_TOKENS = 24
 Decode = Callable[[Sequence[int]], str]

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
-from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
-from zllm.prompt.segments import Label, message_name, tool_name
+from zllm.diagnosis.causes import Cause, Diagnosis, diagnose_text
+from zllm.diagnosis.segments import Label, message_name, tool_name
 
 
 def diagnose_requests(a: ChatRequest, b: ChatRequest, label: Label | None) -> Diagnosis | None:
