@@ -44,8 +44,8 @@ def fake_daemon(env, serve, loop_thread):
                             http_url="http://127.0.0.1:1/v1", host="127.0.0.1", port=1, socket="s", data_dir="d",
                             log_file="l", max_queue=8)
         control = ControlMethods(facts, trace=trace, logs=LogHub(loop_thread.loop).ring,
-                                 request_shutdown=lambda: None, explain=explain)
-        control.attach(fake_engine(FakeCache()), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
+                                 request_shutdown=lambda: None)
+        control.attach(fake_engine(FakeCache(), explain=explain), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
                                                                   parameters=1_234_567, model_bytes=4_938_268,
                                                                   context_length=192, device="cpu", dtype="float32",
                                                                   backend="torch", backend_reason="safetensors",
