@@ -1,13 +1,17 @@
-"""`explain-miss`: why a request missed (most of) the prefix cache, said the way a person wants it.
+"""Why a request missed (most of) the prefix cache: the one mechanism, said the way a person wants it.
 
-Two sources, one answer (`MissExplanation`):
+Every "why did it miss" in zllm ends in `diagnose_divergence`: the point where two token streams part, the
+segment of the request it falls in, and the decoded windows on both sides, plus what the source knows of the
+two requests' structure (`known`) when it knows any. Three sources feed it:
 
-- a daemon near-miss record (kvcache/near_miss.py): divergence index, the request's segment there, and
-  decoded windows already cut (24 tokens each side). Only the text is left, so the cause comes from clues
-  in the windows (causes.py) and the segment's kind; `explain_near_miss(record)`.
-- two request files (`--between A.json B.json`): both are decoded and rendered for one model, the first
-  differing token is found, the segment of B it falls in named (prompt/segments.py), and the cause read off the
-  canonical forms (compare.py) before falling back to the windows; `explain_between_files(a, b)`.
+- a daemon near-miss record (near_miss.py): divergence index, the request's segment there, and decoded
+  windows already cut (24 tokens each side). Only the text is left, so the cause comes from clues in the
+  windows (causes.py) and the segment's kind; `explain_near_miss(record)` → `MissExplanation`.
+- two canonical requests (`explain-miss --between A.json B.json`, zllm/inspect): both are rendered for one
+  model, the first differing token found, the segment of B it falls in named (segments.py), and the structure
+  read off the canonical forms (compare.py) before falling back to the windows; `explain_between(a, b, renderer)`.
+- two prompt fingerprints (the hosted APIs' cache diagnostics): the structure read off their digests
+  (cache_diagnosis.py), then the same windows.
 
     {"cause": "reordered_tools", "cause_label": "reordered tools", "segment": "tool 0 (Read)",
      "detail": "the same 3 tools come in a different order: tool 0 is Read (was Bash); send tools in a stable order",
@@ -16,14 +20,14 @@ Two sources, one answer (`MissExplanation`):
      "cached_after": "Bash\\", …", "request_after": "Read\\", …", "entry_id": null, "tier": null, "namespace": null}
 
 A different model or namespace is a miss whatever the tokens (cached prefixes are never shared across
-them); for records, the caller says what the request's namespace / models were (the record cannot know).
+them: `scope`); for records, the caller says what the request's namespace / models were (the record cannot know).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from zllm.canonical import ChatRequest
@@ -38,6 +42,8 @@ from zllm.diagnosis.segments import (
     map_segments,
     shared_prefix_length,
 )
+
+Decode = Callable[[Sequence[int]], str]
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,9 @@ def explain_near_miss(record: NearMiss | Mapping, *, request_namespace: str | No
     """Explain a daemon near-miss record (a `NearMiss`, or its fields as a mapping from the control socket)."""
     miss = _as_near_miss(record)
     label = label_from_segment(miss.segment)
-    diagnosis = (_scope(entry_model, request_model, miss.namespace, request_namespace)
-                 or diagnose_windows(miss.before, miss.entry_after, miss.request_after, label, miss.in_prompt))
+    diagnosis = (scope(entry_model, request_model, miss.namespace, request_namespace)
+                 or diagnose_divergence(miss.before, miss.entry_after, miss.request_after, label,
+                                        in_prompt=miss.in_prompt))
     return MissExplanation(
         cause=diagnosis.cause, detail=diagnosis.detail, divergence=miss.divergence,
         segment=label.name if label else miss.segment, before=miss.before, cached_after=miss.entry_after,
@@ -82,27 +89,30 @@ def explain_between(a: ChatRequest, b: ChatRequest, renderer, *, renderer_b=None
     renderer_b = renderer_b or renderer
     ids_a, ids_b = renderer.render(a).token_ids, renderer_b.render(b).token_ids
     d = shared_prefix_length(ids_a, ids_b)
-    scope = _scope(a.model, b.model, namespace_a, namespace_b)
+    out_of_scope = scope(a.model, b.model, namespace_a, namespace_b)
     counts = {"cached_tokens": len(ids_a), "request_tokens": len(ids_b), "namespace": namespace_b}
     if d == min(len(ids_a), len(ids_b)):  # one is a prefix of the other: a hit, unless scope forbids it
-        diagnosis = scope or _prefix_diagnosis(len(ids_a), len(ids_b))
+        diagnosis = out_of_scope or _prefix_diagnosis(len(ids_a), len(ids_b))
         return MissExplanation(cause=diagnosis.cause, detail=diagnosis.detail, divergence=None, segment=None,
                                **counts)
     label = _label_at(renderer_b, b, d, len(ids_b))
-    decode_a, decode_b = renderer.tokenizer.decode, renderer_b.tokenizer.decode
-    before = decode_b(list(ids_b[max(0, d - WINDOW_TOKENS):d]))
-    cached_after = decode_a(list(ids_a[d:d + WINDOW_TOKENS]))
-    request_after = decode_b(list(ids_b[d:d + WINDOW_TOKENS]))
-    diagnosis = (scope or diagnose_requests(a, b, label)
-                 or diagnose_windows(before, cached_after, request_after, label, in_prompt=True))
+    before, cached_after, request_after = windows(ids_a, ids_b, d, renderer.tokenizer.decode,
+                                                  renderer_b.tokenizer.decode)
+    diagnosis = out_of_scope or diagnose_divergence(before, cached_after, request_after, label, in_prompt=True,
+                                                    known=diagnose_requests(a, b, label))
     return MissExplanation(cause=diagnosis.cause, detail=diagnosis.detail, divergence=d,
                            segment=label.name if label else None, before=before, cached_after=cached_after,
                            request_after=request_after, in_prompt=True, **counts)
 
 
-def diagnose_windows(before: str, cached_after: str, request_after: str, label: Label | None,
-                     in_prompt: bool | None) -> Diagnosis:
-    """A cause from decoded windows alone (a daemon record, or a fallback when the canonical forms agree)."""
+def diagnose_divergence(before: str, cached_after: str, request_after: str, label: Label | None, *,
+                        in_prompt: bool | None, known: Diagnosis | None = None) -> Diagnosis:
+    """Why two token streams part where they do: what the requests' structure says (`known`: a changed tool, a
+    reported buster, a setting; None when the source has only the windows), else the clues in the decoded
+    windows (`before` shared, then each side's tokens), the part of the prompt (`label`), and whether the
+    divergence falls inside the cached sequence's generated answer (`in_prompt` False)."""
+    if known is not None:
+        return known
     where = _the(label.name) if label else "the prompt"
     found = diagnose_text(before + cached_after, before + request_after, where=where, truncated=True)
     if found:
@@ -125,8 +135,17 @@ def diagnose_windows(before: str, cached_after: str, request_after: str, label: 
     return Diagnosis(Cause.UNKNOWN, "the token streams differ here, and nothing in the windows says why")
 
 
+def windows(cached: Sequence[int], request: Sequence[int], at: int, decode_cached: Decode,
+            decode_request: Decode | None = None) -> tuple[str, str, str]:
+    """(the shared tokens before `at`, the cached side from `at`, the request from `at`), decoded: the windows
+    every explanation shows (near_miss.py cuts a record's the same way)."""
+    decode_request = decode_request or decode_cached
+    return (decode_request(list(request[max(0, at - WINDOW_TOKENS):at])),
+            decode_cached(list(cached[at:at + WINDOW_TOKENS])), decode_request(list(request[at:at + WINDOW_TOKENS])))
+
+
 def label_from_segment(segment: str | None) -> Label | None:
-    """The label for a segment name as zllm/prompt/segments.py writes it (either way of asking it)."""
+    """The label for a segment name as segments.py writes it (either way of asking it)."""
     if not segment:
         return None
     if segment in ("system", SYSTEM_BLOCK):
@@ -170,8 +189,9 @@ def _tool_window_diagnosis(before: str, cached_after: str, request_after: str, w
     return Diagnosis(Cause.CHANGED_TOOL_SCHEMA, f"a tool schema changed in {where}")
 
 
-def _scope(entry_model: str | None, request_model: str | None, entry_namespace: str | None,
-           request_namespace: str | None) -> Diagnosis | None:
+def scope(entry_model: str | None, request_model: str | None, entry_namespace: str | None,
+          request_namespace: str | None) -> Diagnosis | None:
+    """A miss whatever the tokens: another model, or another namespace (None when neither is known to differ)."""
     if entry_model and request_model and entry_model != request_model:
         return Diagnosis(Cause.DIFFERENT_MODEL, f"the cached request was for model `{entry_model}`, this one is for "
                                                 f"`{request_model}`: cached prefixes are never shared across models")
@@ -209,4 +229,5 @@ def _word(text: str) -> str:
 
 
 def _the(name: str) -> str:
-    return f"the {name}" if name in (SYSTEM_BLOCK, TOOLS, GENERATION_PROMPT) else name
+    # "system" and "model": the coarse segment names of cache diagnoses (cache_diagnosis.py)
+    return f"the {name}" if name in (SYSTEM_BLOCK, TOOLS, GENERATION_PROMPT, "system", "model") else name

@@ -45,12 +45,11 @@ def fake_daemon(env, serve, loop_thread):
                             log_file="l", max_queue=8)
         control = ControlMethods(facts, trace=trace, logs=LogHub(loop_thread.loop).ring,
                                  request_shutdown=lambda: None)
-        control.attach(fake_engine(FakeCache(), explain=explain), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
-                                                                  parameters=1_234_567, model_bytes=4_938_268,
-                                                                  context_length=192, device="cpu", dtype="float32",
-                                                                  backend="torch", backend_reason="safetensors",
-                                                                  dialect_round_trip=False,
-                                                                  dialect_problem="the parser reads 0 calls back"))
+        model = LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM", parameters=1_234_567,
+                                model_bytes=4_938_268, context_length=192, device="cpu", dtype="float32",
+                                backend="torch", backend_reason="safetensors", dialect_round_trip=False,
+                                dialect_problem="the parser reads 0 calls back")
+        control.attach(fake_engine(FakeCache(), explain=explain), model)
         serve({**control.methods(), **(extra_methods or {})}, control.streams(), version=version)
         for i in range(3):
             loop_thread.call(trace.publish, RequestReport(
