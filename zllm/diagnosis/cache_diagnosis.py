@@ -88,7 +88,7 @@ def _tools_diagnosis(old: tuple[tuple[str, str], ...], new: tuple[tuple[str, str
 
 
 def _buster_at(segment: str | None, previous: RequestFingerprint, current: RequestFingerprint) -> Diagnosis | None:
-    """A reported buster (cache_busters.py) in the message the divergence falls in, in either request."""
+    """A reported buster (busters.py) in the message the divergence falls in, in either request."""
     if not segment or not segment.startswith("message "):
         return None
     index = segment.split()[1]

@@ -166,7 +166,7 @@ _TOKENS_LEFT = re.compile(r"(?i)\btokens?\s+(?:left|remaining)\b|\bcontext\s+(?:
 
 
 def _window_buster(before: str, cached_after: str, request_after: str, label: Label | None) -> Diagnosis | None:
-    """Claude Code's busters that zllm reports rather than removes (prompt/cache_busters.py), read off the
+    """Claude Code's busters that zllm reports rather than removes (busters.py), read off the
     windows and the segment: a tokens-left reminder, a system message in the middle of the conversation."""
     if "<system-reminder>" in before + cached_after + request_after and _TOKENS_LEFT.search(
             before + cached_after + request_after):

@@ -1,6 +1,6 @@
 """explain-miss from daemon near-miss records: only decoded windows and a segment name are left, so the cause
 comes from clues in the windows. Records are made the way the daemon makes them (NearMissLog over the real
-tokenizer, segments named by zllm/prompt/segments.py) and, for the window clues, by hand."""
+tokenizer, segments named by zllm/diagnosis/segments.py) and, for the window clues, by hand."""
 
 from __future__ import annotations
 
