@@ -24,7 +24,7 @@ NOW = time.time()
 
 
 @dataclass(frozen=True)
-class FakeNearMiss:  # the fields of zllm.kvcache.NearMiss
+class FakeNearMiss:  # the fields of zllm.diagnosis.near_miss.NearMiss
     namespace: str
     entry_id: str
     tier: Tier
