@@ -30,7 +30,7 @@ class DialectFacts(Protocol):
 
 
 class NearMissRecord(Protocol):
-    """A near miss (zllm.diagnosis.near_miss.NearMiss, recorded by the prefix cache): a dataclass, sent as its fields."""
+    """A near miss (zllm.diagnosis.near_miss.NearMiss, recorded by the prefix cache): sent as its fields."""
 
     @property
     def entry_id(self) -> str: ...
