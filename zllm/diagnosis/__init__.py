@@ -5,7 +5,7 @@
     near_miss.py        the near-miss log the prefix caches record into (a request that *almost* hit)
     fingerprint.py      a request's prompt fingerprint: digests of its parts plus its token ids
     records.py          the plain values that cross layers: `RequestFingerprint`, `CacheDiagnosis`
-    fingerprint_store   fingerprints and diagnoses by response id (sqlite in the state dir)
+    fingerprint_store.py  fingerprints and diagnoses by response id (sqlite in the state dir)
     causes.py           the causes a miss can have, and the text clues behind them
     compare.py          two canonical requests: what differs between them
     explain.py          the one "why did it miss": a divergence, its segment and the windows on both sides → cause
