@@ -132,7 +132,7 @@ async def serve_forever(settings: Settings, served: Served) -> None:
     trace, log_hub = TraceHub(loop), LogHub(loop)
     logging.getLogger().addHandler(log_hub)
     control = ControlMethods(daemon_facts(settings, served), trace=trace, logs=log_hub.ring,
-                             request_shutdown=stop.set, explain=near_miss_explainer())
+                             request_shutdown=stop.set)
     server = ControlServer(settings.control_socket, version=__version__, methods=control.methods(),
                            streams=control.streams())
     await server.start()  # up while the model loads: `zllm status` says "loading", `zllm start` waits for "ready"
@@ -155,7 +155,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     try:
         secrets = load_install_secrets(settings.state_dir)  # before the weights too: a damaged key fails fast
         engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
-            served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish))
+            served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish,
+            fingerprints=fingerprints))
     except BaseException:
         control.attach_responses(None)
         responses.close()
@@ -166,13 +167,12 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     memory.trim()
     try:
         control.attach(engine, describe_model(engine, served))
-        control.attach_diagnoses(fingerprints.diagnosis)
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=secrets.namespace,
                          allowed_hosts=served_host_names(settings),
                          allowed_origins=split_list(settings.allowed_origins),
-                         responses=responses, fingerprints=fingerprints, websocket=settings.responses_websocket,
+                         responses=responses, websocket=settings.responses_websocket,
                          library=model_library(settings), compaction_key=secrets.compaction)
         try:
             runner = await start_site(app, settings.host, settings.port)
@@ -191,8 +191,8 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
     finally:
         control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
-        fingerprints.close()
         engine.close()
+        fingerprints.close()  # the engine client's, until it is closed
 
 
 def daemon_facts(settings: Settings, served: Served):
@@ -237,18 +237,6 @@ def log_dialect_check(engine) -> None:
                     "call); `zllm dialect` shows the details", line)
 
 
-def near_miss_explainer():
-    """`zllm cache explain-miss`'s analysis, when the inspect package is installed with this daemon."""
-    try:
-        from zllm.inspect.explain_miss import explain_near_miss
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("zllm.inspect"):
-            raise
-        log.debug("zllm.inspect.explain_miss is not available: explain-miss shows raw near-miss records")
-        return None
-    return explain_near_miss
-
-
 def open_response_store(settings: Settings):
     """The sqlite store behind `previous_response_id` (state_dir/responses.sqlite3), pruned on open."""
     from zllm.store import ResponseStore
@@ -285,7 +273,7 @@ def make_private(settings: Settings) -> None:
 
 def open_fingerprint_store(settings: Settings):
     """The prompt fingerprints behind cache diagnostics (state_dir/fingerprints.sqlite3), bounded."""
-    from zllm.store.fingerprints import FingerprintStore
+    from zllm.diagnosis.fingerprint_store import FingerprintStore
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return FingerprintStore(settings.state_dir / "fingerprints.sqlite3")

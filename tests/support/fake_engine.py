@@ -34,6 +34,7 @@ from zllm.canonical import (
     ToolCallStart,
     Usage,
 )
+from zllm.diagnosis.records import CacheDiagnosis
 from zllm.errors import ContextLengthExceeded, ModelNotFound, ZllmError
 
 FAKE_MODEL = ModelCard(id="fake-model", created=1_700_000_000, context_length=8192)
@@ -145,6 +146,13 @@ class FakeEngineClient:
 
     async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
         return [len(text.split()) for text in texts]
+
+    async def diagnose_cache(self, stream: FakeRequestStream, *, namespace: str, response_id: str,
+                             previous_id: str | None) -> CacheDiagnosis | None:
+        """A scripted engine keeps no prompt fingerprints: it cannot say why a prompt missed."""
+        if previous_id is None:
+            return None
+        return CacheDiagnosis("unavailable", previous_id, detail="this engine keeps no prompt fingerprints")
 
     async def submit(self, request: ChatRequest) -> FakeRequestStream:
         self.submitted.append(request)

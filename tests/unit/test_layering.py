@@ -12,30 +12,46 @@ ROOT = Path(__file__).resolve().parents[2] / "zllm"
 # package → top-level imports it must never make
 FORBIDDEN = {
     "canonical": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
-                  "zllm.models", "zllm.cli", "zllm.daemon"},
+                  "zllm.models", "zllm.cli", "zllm.daemon", "zllm.diagnosis"},
     "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.kvcache", "zllm.prompt",
-            "zllm.models", "zllm.cli", "zllm.daemon"},
+            "zllm.models", "zllm.cli", "zllm.daemon", "zllm.diagnosis"},
     "engine": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.cli", "zllm.daemon", "zllm.models"},
     "runtime": {"aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
     # the cache layer imports nothing above it: it gets token ids, tensors and an injected decode callable
     "kvcache": {"aiohttp", "transformers", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.models",
-                "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical"},
+                "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical", "zllm.diagnosis"},
     # dialects are pure text ⇄ canonical: no tensors, no tokenizer library, no protocol
     "dialects": {"torch", "transformers", "tokenizers", "llguidance", "aiohttp", "zllm.api", "zllm.runtime",
-                 "zllm.engine", "zllm.kvcache", "zllm.prompt", "zllm.models", "zllm.cli", "zllm.daemon", "zllm.store"},
-    "prompt": {"aiohttp", "torch", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.cli", "zllm.daemon"},
+                 "zllm.engine", "zllm.kvcache", "zllm.prompt", "zllm.models", "zllm.cli", "zllm.daemon", "zllm.store",
+                 "zllm.diagnosis"},
+    "prompt": {"aiohttp", "torch", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.cli", "zllm.daemon",
+               "zllm.diagnosis"},
     "models": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.daemon"},
     "store": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
-              "zllm.models", "zllm.cli", "zllm.daemon"},
+              "zllm.models", "zllm.cli", "zllm.daemon", "zllm.diagnosis"},
     # the control socket (client and server) works on injected objects: the CLI imports its client, so it
     # must stay free of tensors, tokenizers and every layer of the daemon
     "control": {"torch", "transformers", "tokenizers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine",
                 "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.models", "zllm.store", "zllm.inspect",
-                "zllm.cli", "zllm.daemon"},
+                "zllm.cli", "zllm.daemon", "zllm.diagnosis"},
     # the CLI talks to a daemon through zllm.control's client; it may read config, the model store and run
     # the offline zllm.inspect analyses; `zllm serve` goes through zllm.daemon, never a layer of it
     "cli": {"torch", "transformers", "tokenizers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine",
-            "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.store"},
+            "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.store", "zllm.diagnosis"},
+    # cache diagnosis reads canonical requests, token ids and an injected renderer/decoder: never the serving
+    # layers that call it, and never the prompt package (which imports its busters; renderers are protocols)
+    "diagnosis": {"torch", "transformers", "tokenizers", "aiohttp", "zllm.api", "zllm.runtime", "zllm.engine",
+                  "zllm.kvcache", "zllm.prompt", "zllm.dialects", "zllm.models", "zllm.control", "zllm.inspect",
+                  "zllm.cli", "zllm.daemon"},
+}
+
+# the one door each lower layer has into zllm.diagnosis (a leaf that loads nothing else of it); everything
+# else of the package is reached through the engine client (runtime) or the offline tool (inspect)
+DIAGNOSIS_DOORS = {
+    "kvcache": {"zllm.diagnosis.near_miss"},  # the prefix caches record near misses
+    "prompt": {"zllm.diagnosis.busters"},  # the renderer drops the per-session billing header
+    "canonical": {"zllm.diagnosis.records"},  # EngineClient.diagnose_cache returns a CacheDiagnosis
+    "api": {"zllm.diagnosis.records"},  # ... which the edge writes in each API's shape
 }
 
 
@@ -61,9 +77,19 @@ def test_package_imports_point_one_way(package: str) -> None:
         f"{path.relative_to(ROOT.parent)} imports {name}"
         for path in files
         for name in sorted(imported_names(path))
-        if violates(name, FORBIDDEN[package])
+        if violates(name, FORBIDDEN[package]) and name not in DIAGNOSIS_DOORS.get(package, ())
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_the_diagnosis_doors_are_leaves() -> None:
+    """A door into zllm.diagnosis imports nothing else of the package, and the package face imports nothing,
+    so a layer that opens one door never loads the rest."""
+    assert not imported_names(ROOT / "diagnosis" / "__init__.py")
+    for door in set().union(*DIAGNOSIS_DOORS.values()):
+        path = ROOT / (door.removeprefix("zllm.").replace(".", "/") + ".py")
+        inner = sorted(name for name in imported_names(path) if violates(name, {"zllm.diagnosis"}))
+        assert not inner, f"{door} imports {inner}"
 
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:
@@ -140,7 +166,12 @@ def test_the_module_level_checker_skips_type_checking_and_functions(tmp_path: Pa
 
 # the cache's typed views are shared by the cache layer, the control socket and the CLI, which may not import
 # each other: a leaf of the standard library only, so that any of them can import it
-LEAF_MODULES = {"cache_views.py": {"__future__", "dataclasses", "enum", "typing"}}
+LEAF_MODULES = {"cache_views.py": {"__future__", "dataclasses", "enum", "typing"},
+                # the values the API edge and the engine-client contract share with the diagnosis package
+                "diagnosis/records.py": {"__future__", "dataclasses", "time"},
+                # what the prefix caches record near misses with
+                "diagnosis/near_miss.py": {"__future__", "logging", "threading", "time", "collections",
+                                           "collections.abc", "dataclasses", "zllm.cache_views"}}
 
 
 @pytest.mark.parametrize("module", sorted(LEAF_MODULES))

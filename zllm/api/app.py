@@ -37,7 +37,6 @@ from zllm.api.stream_pump import DEFAULT_EVENT_HEARTBEAT_S, DEFAULT_HEARTBEAT_S,
 from zllm.canonical import EngineClient
 from zllm.canonical.library import ModelLibrary
 from zllm.store import ResponseStore
-from zllm.store.fingerprints import FingerprintStore
 
 log = logging.getLogger("zllm.api")
 
@@ -72,14 +71,13 @@ def create_app(
     sse_heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     sse_event_heartbeat_s: float | None = DEFAULT_EVENT_HEARTBEAT_S,
     responses: ResponseStore | None = None,
-    fingerprints: FingerprintStore | None = None,
     websocket: bool = True,
     library: ModelLibrary | None = None,
     compaction_key: bytes | None = None,
 ) -> web.Application:
     """`responses`: where `store: true` Responses are kept (None = in memory, for the app's lifetime; a store
-    passed in is closed by the caller after the app). `fingerprints`: the prompt fingerprints behind cache
-    diagnostics, likewise (None = in memory). `websocket=False` refuses Responses WebSockets (426).
+    passed in is closed by the caller after the app); cache diagnostics' prompt fingerprints are the engine
+    client's (`EngineClient.diagnose_cache`). `websocket=False` refuses Responses WebSockets (426).
     `library`: the model store the Ollama API lists and pulls into (None = only the served model, no pulls).
     `compaction_key`: signs Responses compaction items (None: a key for this app's life only).
     `sse_heartbeat_s` / `sse_event_heartbeat_s`: how often an idle stream sends a comment / a heartbeat event
@@ -97,7 +95,7 @@ def create_app(
     app[NAMESPACE_SECRET] = secret
     app[ENGINE] = engine
     app[SSE_KEEP_ALIVE] = KeepAlive(sse_heartbeat_s, sse_event_heartbeat_s)
-    _add_cache_diagnostics(app, fingerprints)
+    app[CACHE_DIAGNOSTICS] = CacheDiagnostics()
     app[BODY_PARSING] = BodyParsing()
     meta_routes.add_routes(app)
     openai_chat_routes.add_routes(app)
@@ -105,17 +103,6 @@ def create_app(
     anthropic_messages_routes.add_routes(app)
     ollama_routes.add_routes(app, library=library)
     return app
-
-
-def _add_cache_diagnostics(app: web.Application, fingerprints: FingerprintStore | None) -> None:
-    owned = fingerprints is None
-    store = FingerprintStore.in_memory() if owned else fingerprints
-    app[CACHE_DIAGNOSTICS] = CacheDiagnostics(store)
-    if owned:
-        async def close_store(_app: web.Application) -> None:
-            store.close()
-
-        app.on_cleanup.append(close_store)
 
 
 def create_runner(app: web.Application, *, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> web.AppRunner:

@@ -1,6 +1,7 @@
 """Prompt-cache diagnostics in the hosted APIs' shapes: Anthropic `diagnostics`, Responses
-`prompt_cache_diagnostics`. The diagnosis itself is zllm's (zllm/inspect/cache_diagnosis.py, run by the engine
-client with its tokenizer); this module keeps fingerprints by response id and writes the wire objects.
+`prompt_cache_diagnostics`. The diagnosis itself is zllm's (zllm/diagnosis/, reached through the engine client's
+declared `diagnose_cache`, which also keeps each prompt's fingerprint by response id); this module reads the
+request fields and writes the wire objects.
 
 Anthropic (request `"diagnostics": {"previous_message_id": "msg_…" | null}`; the beta header
 `cache-diagnosis-2026-04-07` is accepted and not required):
@@ -26,21 +27,17 @@ text_format_changed, reasoning_effort_changed; and `prompt_cache_options` echoed
 `zllm` is what the hosted APIs cannot say, ignored by the SDKs (it lands in `model_extra`): the segment and the
 token index where the prompts part, the likely cause, the busters this request carries. Which fingerprints are
 kept: every Anthropic request that sends `diagnostics`, and every Responses response (a comparison may name
-any of them); in sqlite in the state dir (zllm/store/fingerprints.py), bounded, so they survive a restart.
+any of them); by the daemon in sqlite in the state dir (zllm/diagnosis/fingerprint_store.py), bounded, so they
+survive a restart.
 """
 
 from __future__ import annotations
-
-import asyncio
-import logging
 
 from aiohttp import web
 
 from zllm.api.fields import check_type, optional
 from zllm.canonical import EngineClient, RequestStream
-from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore
-
-log = logging.getLogger("zllm.api")
+from zllm.diagnosis.records import CacheDiagnosis
 
 _ANTHROPIC_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed",
                     "messages": "messages_changed", "not_found": "previous_message_not_found"}
@@ -50,54 +47,19 @@ _RESPONSES_OPTION_REASONS = {"response_format": "text_format_changed", "thinking
 
 
 class CacheDiagnostics:
-    """The fingerprint store plus the two steps a route takes: compare with an earlier id, remember this one."""
-
-    def __init__(self, store: FingerprintStore):
-        self.store = store
+    """The step a route takes: compare an admitted request with an earlier id and remember it (the engine client
+    does both; the fingerprints live with it)."""
 
     async def note(self, engine: EngineClient, stream: RequestStream, *, namespace: str, response_id: str,
                    previous_id: str | None) -> CacheDiagnosis | None:
         """Compare an admitted request with `previous_id` (None: nothing to compare), then remember it as
         `response_id`. Runs between submit and the first event: a hang-up meanwhile aborts the request."""
         try:
-            diagnosis = await self.compare(engine, stream, namespace, previous_id) if previous_id else None
-            await self.remember(response_id, namespace, stream, diagnosis)
+            return await engine.diagnose_cache(stream, namespace=namespace, response_id=response_id,
+                                               previous_id=previous_id)
         except BaseException:
             stream.abort()
             raise
-        return diagnosis
-
-    async def compare(self, engine: EngineClient, stream: RequestStream, namespace: str,
-                      previous_id: str) -> CacheDiagnosis:
-        current = getattr(stream, "fingerprint", None)
-        diagnose = getattr(engine, "diagnose_cache", None)
-        if current is None or diagnose is None:
-            return CacheDiagnosis("unavailable", previous_id, detail="this engine keeps no prompt fingerprints")
-        loop = asyncio.get_running_loop()
-        try:
-            previous = await loop.run_in_executor(None, self.store.load, previous_id, namespace)
-            return await loop.run_in_executor(
-                None, lambda: diagnose(previous, current, compared_with=previous_id))
-        except Exception:  # a diagnostic never fails the request
-            log.exception("cache diagnosis against %s failed", previous_id)
-            return CacheDiagnosis("unavailable", previous_id, detail="the diagnosis failed (see the daemon log)")
-
-    async def remember(self, response_id: str, namespace: str, stream: RequestStream,
-                       diagnosis: CacheDiagnosis | None = None) -> None:
-        """Keep this request's fingerprint under the id its client receives (before the client can name it)."""
-        fingerprint = getattr(stream, "fingerprint", None)
-        if fingerprint is None:
-            return
-
-        def save() -> None:
-            self.store.save(fingerprint.with_response(response_id, namespace))
-            if diagnosis is not None:
-                self.store.save_diagnosis(response_id, namespace, diagnosis)
-
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, save)
-        except Exception:  # losing a fingerprint costs a later diagnosis, never this request
-            log.exception("keeping the prompt fingerprint of %s failed", response_id)
 
 
 CACHE_DIAGNOSTICS = web.AppKey("zllm.cache_diagnostics", CacheDiagnostics)

@@ -9,6 +9,7 @@ from typing import Protocol
 from zllm.canonical.events import Event
 from zllm.canonical.finish import Usage
 from zllm.canonical.request import ChatRequest
+from zllm.diagnosis.records import CacheDiagnosis
 
 
 @dataclass(frozen=True)
@@ -66,4 +67,13 @@ class EngineClient(Protocol):
     async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text takes alone with the served model's tokenizer (no template, no special tokens):
         what context editing weighs messages with (api/context_edits/sizes.py)."""
+        ...
+
+    async def diagnose_cache(self, stream: RequestStream, *, namespace: str, response_id: str,
+                             previous_id: str | None) -> CacheDiagnosis | None:
+        """Why the admitted `stream`'s prompt cannot reuse all of the one answered as `previous_id` in
+        `namespace` (None: nothing to compare, the result is None), then remember this prompt as `response_id`,
+        the id its client receives, for a later comparison. A `CacheDiagnosis` with reason "not_found" when
+        `previous_id` is unknown, "unavailable" when the engine cannot say; never raises for a failed diagnosis
+        (zllm/diagnosis/service.py)."""
         ...

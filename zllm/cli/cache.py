@@ -173,9 +173,7 @@ def _print_explanation_json(data: dict | None) -> bool:
         return False
     import dataclasses
 
-    from zllm.inspect.causes import Cause
-    from zllm.inspect.display import format_explanation
-    from zllm.inspect.explain_miss import MissExplanation
+    from zllm.inspect import Cause, MissExplanation, format_explanation
 
     known = {f.name for f in dataclasses.fields(MissExplanation)} - {"cause"}
     try:
@@ -204,10 +202,7 @@ def _explain_response(response_id: str, as_json: bool) -> None:
 
 
 def _explain_files(a: Path, b: Path, model: str | None, as_json: bool) -> None:
-    from zllm.inspect.display import format_explanation
-    from zllm.inspect.explain_miss import (
-        explain_between_files,  # loads a tokenizer: only on this path
-    )
+    from zllm.inspect import explain_between_files, format_explanation  # loads a tokenizer: only on this path
 
     try:
         result = explain_between_files(a, b, model=model)  # None: the configured model

@@ -1,6 +1,6 @@
 """The daemon's control methods (protocol.py lists the wire format), over objects the daemon injects.
 
-    control = ControlMethods(facts, trace=hub, logs=log_hub.ring, request_shutdown=stop.set, explain=fn)
+    control = ControlMethods(facts, trace=hub, logs=log_hub.ring, request_shutdown=stop.set)
     server = ControlServer(path, version=..., methods=control.methods(), streams=control.streams())
     control.attach(engine, model_info)    # once the model is loaded: phase "loading" → "ready"
 
@@ -8,11 +8,12 @@
     ps                → {"models": [LoadedModelInfo]}        (empty while loading; with the measured prefill
                                                               rate: prefill_rate.py)
     cache.*           → cache_methods.py
-    cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}
+    cache.explain     {"request_id": "chatcmpl-…" | null} → {"request_id", "near_miss", "explanation"}: the
+                      engine's explanation of its near-miss record (ServedEngine.explain_near_miss)
     store.stats       → the Responses store: {"path", "rows", "bytes", "file_bytes", "oldest", "newest", bounds}
     store.prune       {"older_than_s": 86400 | null, "max_bytes": 0 | null} → {"removed": N, ...store.stats}
     cache.diagnosis   {"response_id": "msg_…" | "resp_…"} → {"response_id", "namespace", "diagnosis"}: the cache
-                      diagnosis that response carried (api/cache_diagnostics.py); not_found when none was made
+                      diagnosis that response carried (ServedEngine.cache_diagnosis); not_found when none was made
     trace (stream)    {"last": 20, "follow": false} → RequestReport JSON items (following: then the newest report
                       of each unfinished request, then every report as it comes)
     logs (stream)     {"last": 100, "follow": false} → {"line": "..."} items
@@ -29,7 +30,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from zllm.control import cache_methods
 from zllm.control.params import bool_param, float_param, int_param, str_param
@@ -65,21 +65,16 @@ class DaemonFacts:
 
 
 class ControlMethods:
-    def __init__(self, facts: DaemonFacts, *, trace, logs, request_shutdown: Callable[[], None],
-                 explain: Callable[[Any], Any] | None = None):
-        """`trace`: a TraceHub; `logs`: a BroadcastRing of log lines; `explain(near_miss) -> obj with
-        .to_json()` (zllm.inspect.explain_miss), None when unavailable."""
+    def __init__(self, facts: DaemonFacts, *, trace, logs, request_shutdown: Callable[[], None]):
+        """`trace`: a TraceHub; `logs`: a BroadcastRing of log lines."""
         self.facts = facts
         self.phase = "loading"
         self._trace = trace
         self._logs = logs
         self._request_shutdown = request_shutdown
-        self._explain = explain
         self._engine: ServedEngine | None = None
         self._model: LoadedModelInfo | None = None
         self._responses = None
-        # response id -> (namespace, diagnosis with .to_json()) or None: the fingerprint store's lookup
-        self._diagnoses: Callable[[str], Any] | None = None
 
     def attach_responses(self, store) -> None:
         """The Responses store (zllm.store.ResponseStore: stats / prune / compact), open before the model loads."""
@@ -87,10 +82,6 @@ class ControlMethods:
 
     def attach(self, engine: ServedEngine, model: LoadedModelInfo) -> None:
         self._engine, self._model, self.phase = engine, model, "ready"
-
-    def attach_diagnoses(self, lookup: Callable[[str], Any]) -> None:
-        """`lookup(response_id) -> (namespace, diagnosis) | None` (FingerprintStore.diagnosis)."""
-        self._diagnoses = lookup
 
     def methods(self) -> dict[str, Callable]:
         return {"status": self.status, "ps": self.ps, "cache.ls": self.cache_ls, "cache.stats": self.cache_stats,
@@ -165,7 +156,7 @@ class ControlMethods:
         reported = self._trace.find(request_id) if request_id else None
         record = cache_methods.find_near_miss(cache.near_misses() if cache is not None else [], request_id,
                                               reported.near_miss if reported is not None else None)
-        explanation = await asyncio.to_thread(self._explain, record) if self._explain is not None else None
+        explanation = await asyncio.to_thread(self._engine.explain_near_miss, record)
         return {"request_id": request_id, "near_miss": cache_methods.near_miss_json(record),
                 "explanation": explanation.to_json() if explanation is not None else None}
 
@@ -173,7 +164,7 @@ class ControlMethods:
         response_id = str_param(params, "response_id")
         if not response_id:
             raise ControlError(BAD_REQUEST, "`response_id` is required")
-        found = await asyncio.to_thread(self._diagnoses, response_id) if self._diagnoses is not None else None
+        found = await asyncio.to_thread(self._ready().cache_diagnosis, response_id)
         if found is None:
             raise ControlError(NOT_FOUND, f"no cache diagnosis is kept for {response_id}",
                                hint="diagnoses are made for requests that send Anthropic `diagnostics."
@@ -182,10 +173,13 @@ class ControlMethods:
         return {"response_id": response_id, "namespace": namespace, "diagnosis": diagnosis.to_json()}
 
     def _cache(self) -> ServedCache | None:
+        return self._ready().prefix_cache
+
+    def _ready(self) -> ServedEngine:
         if self._engine is None:
             raise ControlError(NOT_READY, "the daemon is still loading its model",
                                hint="wait until `zllm status` says ready")
-        return self._engine.prefix_cache
+        return self._engine
 
     # ------------------------------------------------------------------ Responses store
 

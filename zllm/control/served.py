@@ -4,6 +4,8 @@
     engine.queue_waiting                              # requests waiting for the engine (`zllm status`)
     engine.dialect_choice.name, .reason               # the tool dialect and why (`zllm ps`)
     engine.prefix_cache                               # a ServedCache, or None when the cache is off
+    engine.explain_near_miss(record)                  # one of its near misses explained (`zllm cache explain-miss`)
+    engine.cache_diagnosis("msg_…")                   # (namespace, the diagnosis that response carried) | None
 
 Both prefix caches (kvcache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
 tests/unit/control/test_served_contract.py checks that the real client and both real caches satisfy these,
@@ -28,7 +30,7 @@ class DialectFacts(Protocol):
 
 
 class NearMissRecord(Protocol):
-    """A near miss (zllm.kvcache.NearMiss): a dataclass, sent as its fields."""
+    """A near miss (zllm.diagnosis.near_miss.NearMiss, recorded by the prefix cache): sent as its fields."""
 
     @property
     def entry_id(self) -> str: ...
@@ -38,6 +40,12 @@ class NearMissRecord(Protocol):
 
     @property
     def request_id(self) -> str: ...
+
+
+class JsonView(Protocol):
+    """A diagnosis value (zllm.diagnosis: MissExplanation, CacheDiagnosis): sent as its `to_json()`."""
+
+    def to_json(self) -> dict: ...
 
 
 @runtime_checkable
@@ -64,3 +72,11 @@ class ServedEngine(Protocol):
 
     @property
     def prefix_cache(self) -> ServedCache | None: ...
+
+    def explain_near_miss(self, record: NearMissRecord) -> JsonView | None:
+        """Why the request of `record` missed (None: this engine cannot say). Blocking: a worker thread calls it."""
+        ...
+
+    def cache_diagnosis(self, response_id: str) -> tuple[str, JsonView] | None:
+        """(namespace, diagnosis) made for `response_id` (None: none kept). Blocking."""
+        ...

@@ -6,10 +6,13 @@
     format_explanation(expl), format_count(count)            → rich Text for people
 
 Request files are decoded by each API's own decoder and rendered by the daemon's renderer for the model
-(`renderer.load_renderer`), so counts and divergences are the daemon's own.
+(`renderer.load_renderer`), and explained by the daemon's own analysis (zllm/diagnosis: segments, causes,
+`explain_between`, `explain_near_miss`, re-exported here for the CLI), so counts and divergences are the daemon's
+own.
 """
 
-from zllm.inspect.causes import Cause, Diagnosis
+from zllm.diagnosis.causes import Cause, Diagnosis
+from zllm.diagnosis.explain import MissExplanation, explain_between, explain_near_miss
 from zllm.inspect.count_tokens import (
     PromptCount,
     TokenCount,
@@ -17,12 +20,7 @@ from zllm.inspect.count_tokens import (
     count_tokens_file,
 )
 from zllm.inspect.display import format_count, format_explanation
-from zllm.inspect.explain_miss import (
-    MissExplanation,
-    explain_between,
-    explain_between_files,
-    explain_near_miss,
-)
+from zllm.inspect.explain_miss import explain_between_files
 from zllm.inspect.formats import (
     RequestFileError,
     RequestFormat,

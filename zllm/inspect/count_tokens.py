@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zllm.canonical import ChatRequest
+from zllm.diagnosis.segments import Label, map_segments
 from zllm.inspect.formats import RequestFormat, read_request_file
 from zllm.inspect.renderer import load_renderer, resolve_model
-from zllm.prompt.segments import Label, map_segments
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ import json
 
 from rich.text import Text
 
-from zllm.inspect.causes import Cause
+from zllm.diagnosis.causes import Cause
+from zllm.diagnosis.explain import MissExplanation
 from zllm.inspect.count_tokens import TokenCount
-from zllm.inspect.explain_miss import MissExplanation
 
 _WINDOW_LABEL = 9
 

@@ -9,9 +9,9 @@ sequences). The names below that need torch are imported on first use, so the ll
 `config`, `identity`, `sequence_cache` only) never loads torch.
 """
 
+from zllm.diagnosis.near_miss import NearMiss
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.identity import model_key, request_namespace, template_hash, weights_identity
-from zllm.kvcache.near_miss import NearMiss
 
 __all__ = ["CacheConfig", "KVLayout", "KVState", "Lease", "NearMiss", "PrefixCache", "model_key",
            "request_namespace", "template_hash", "weights_identity"]

@@ -26,9 +26,9 @@ from functools import partial
 import torch
 
 from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
+from zllm.diagnosis.near_miss import NearMiss
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
-from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.pool import BufferPool
 from zllm.kvcache.radix import Match, Node
 from zllm.kvcache.retention import Newcomer

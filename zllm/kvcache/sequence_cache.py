@@ -31,8 +31,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
+from zllm.diagnosis.near_miss import NearMiss
 from zllm.kvcache.config import CacheConfig
-from zllm.kvcache.near_miss import NearMiss
 from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_index import SnapshotInvalid, unpack_tokens

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
 
 from zllm.cache_views import CacheEntry, Tier
+from zllm.diagnosis.near_miss import NearMiss, NearMissLog
 from zllm.kvcache.cost import CostModel
-from zllm.kvcache.near_miss import NearMiss, NearMissLog
 from zllm.kvcache.retention import Eviction
 from zllm.kvcache.ssd_index import IndexLocked
 from zllm.kvcache.writer import SnapshotWriter

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from zllm.canonical import ChatRequest, Message
+from zllm.diagnosis.busters import drop_billing_headers
 from zllm.dialects import Conversation, Dialect
 from zllm.dialects.registry import DialectChoice, TokenizerFacts, choose_dialect
 from zllm.errors import ConfigError, ContextLengthExceeded, InvalidRequest
-from zllm.prompt.cache_busters import drop_billing_headers
 from zllm.prompt.length_bound import LengthBound
 
 
@@ -29,7 +29,7 @@ class RenderedPrompt:
     token_ids: tuple[int, ...]
     # the template's text output (before BOS repair), for traces and debugging
     text: str
-    # per-session lines removed before rendering because they defeat the prefix cache (cache_busters.py)
+    # per-session lines removed before rendering because they defeat the prefix cache (zllm/diagnosis/busters.py)
     dropped: tuple[str, ...] = ()
 
     def __len__(self) -> int:
@@ -95,7 +95,7 @@ class PromptRenderer:
     def template_text(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,
                       add_generation_prompt: bool = True) -> str:
         """The template's text for `messages` (already free of cache busters) with `request`'s tools or none,
-        with or without the generation prompt: the partial renders segments.py compares."""
+        with or without the generation prompt: the partial renders zllm/diagnosis/segments.py compares."""
         return self._render_messages(request, messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def token_starts(self, text: str) -> list[int]:

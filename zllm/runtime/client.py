@@ -22,6 +22,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
+from zllm.diagnosis.explain import MissExplanation
+from zllm.diagnosis.fingerprint_store import FingerprintStore
+from zllm.diagnosis.near_miss import NearMiss
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
+from zllm.diagnosis.service import ServedDiagnosis
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loaded import LoadedModel
@@ -34,11 +39,8 @@ from zllm.prompt import (
     PromptRenderer,
     RenderedPrompt,
     model_stop_token_ids,
-    position_describer,
 )
-from zllm.prompt.cache_busters import describe_busters, reported_busters
 from zllm.prompt.dialect_check import check_renderer
-from zllm.prompt.fingerprint import fingerprint_request
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
@@ -51,7 +53,6 @@ from zllm.runtime.prefix import (
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
-from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
 
 _T = TypeVar("_T")
 
@@ -76,7 +77,7 @@ class LocalRequestStream:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._prompt_split = prompt_split  # set from the engine thread (EngineRequest.report_prompt)
-        # the prompt's digests and token ids, for cache diagnostics (zllm/store/fingerprints.py)
+        # the prompt's digests and token ids, for cache diagnostics (zllm/diagnosis/fingerprint.py)
         self.fingerprint = fingerprint
         self._engine_request = engine_request
         self._events = events
@@ -111,12 +112,14 @@ class LocalEngineClient:
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
                  observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None,
                  speculative: bool = False, scheduler: SchedulerConfig | None = None,
-                 draft_model: DraftModel | None = None, owns_engine: bool = False):
+                 draft_model: DraftModel | None = None, owns_engine: bool = False,
+                 fingerprints: FingerprintStore | None = None):
         """`cache_config` None: a device-tier-only prefix cache with the default budget; `prefix_cache=False`
         turns it off (every request cold). `observer` gets a RequestReport per request start and end, on the
         engine thread (it must only hand off, e.g. TraceHub.publish). `dialect` names the tool dialect
         (None / "auto": chosen from the tokenizer, see dialects/registry.py). `scheduler`: batch size and prefill
-        chunking (runtime/scheduler.py). `draft_model`: drafts for speculative decoding (implies `speculative`)."""
+        chunking (runtime/scheduler.py). `draft_model`: drafts for speculative decoding (implies `speculative`).
+        `fingerprints`: where cache diagnostics keep prompt fingerprints (None: in memory, for this client's life)."""
         self.loaded = loaded
         self._owns_engine = owns_engine  # close a backend built at load (llama.cpp) with the client
         self.model_name = model_name
@@ -127,6 +130,8 @@ class LocalEngineClient:
         self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
         # render → parse → render over this model's template and tokenizer (logged at startup, shown by `zllm ps`)
         self.dialect_check = check_renderer(self.renderer)
+        # fingerprints, segments, near-miss explanations: the declared methods below answer with it
+        self.diagnosis = ServedDiagnosis(self.renderer, fingerprints)
         _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
         generation_eos = (loaded.generation_eos if loaded.model is None
                           else getattr(loaded.model.generation_config, "eos_token_id", None))
@@ -162,6 +167,7 @@ class LocalEngineClient:
         name: str | None = None,
         created: int | None = None,
         observer: Callable[[RequestReport], None] | None = None,
+        fingerprints: FingerprintStore | None = None,
     ) -> LocalEngineClient:
         """Load `model_dir` with the settings' device/dtype/threads/context_length/max_queue and serve it.
 
@@ -195,6 +201,7 @@ class LocalEngineClient:
                                       idle_prefill_chunk=settings.prefill_chunk),
             draft_model=draft,
             owns_engine=True,
+            fingerprints=fingerprints,
         )
 
     @property
@@ -241,10 +248,10 @@ class LocalEngineClient:
             stop_token_ids=frozenset(request.sampling.stop_token_ids),
             namespace=request.namespace,
             cache_hint=request.cache_hint,
-            describe_position=position_describer(self.renderer, request),
+            describe_position=self.diagnosis.describer(request),
             api=request.api,
             model=request.model,
-            notes=(*describe_busters(prompt.dropped, reported_busters(request.messages)), *request.notes),
+            notes=(*self.diagnosis.trace_notes(request, prompt), *request.notes),
             # the core owns each call's id (minted as the parser opens the call); APIs only spell it: api/call_ids.py
             parser=self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                        new_call_id=new_tool_call_id),
@@ -275,19 +282,28 @@ class LocalEngineClient:
 
         return await asyncio.get_running_loop().run_in_executor(None, count)
 
-    def diagnose_cache(self, previous: RequestFingerprint | None, current: RequestFingerprint, *,
-                       compared_with: str) -> CacheDiagnosis:
-        """Why `current` cannot reuse all of `previous`'s cached prompt (zllm/inspect/cache_diagnosis.py),
-        with this model's tokenizer to read the tokens on both sides of the divergence. Any thread."""
-        from zllm.inspect.cache_diagnosis import diagnose  # the inspect package loads only when asked
+    async def diagnose_cache(self, stream: LocalRequestStream, *, namespace: str, response_id: str,
+                             previous_id: str | None) -> CacheDiagnosis | None:
+        """Why `stream`'s prompt cannot reuse all of `previous_id`'s (None: nothing to compare), then keep its
+        fingerprint as `response_id` (zllm/diagnosis/service.py). Off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, partial(
+            self.diagnosis.compare_and_keep, stream.fingerprint, namespace=namespace, response_id=response_id,
+            previous_id=previous_id))
 
-        return diagnose(previous, current, compared_with=compared_with, decode=self.renderer.tokenizer.decode)
+    def cache_diagnosis(self, response_id: str) -> tuple[str, CacheDiagnosis] | None:
+        """(namespace, diagnosis) made for `response_id` (`zllm cache explain-miss --id`). Blocking."""
+        return self.diagnosis.kept(response_id)
+
+    def explain_near_miss(self, record: NearMiss) -> MissExplanation:
+        """A near-miss record of this model's prefix cache, explained (`zllm cache explain-miss`). Blocking."""
+        return self.diagnosis.explain_near_miss(record)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
         self.engine.shutdown(timeout)
         if self._owns_engine and self.loaded.engine is not None and not self.engine.alive:
             self.loaded.engine.close()  # llama.cpp's context and weights: only once the engine thread is gone
+        self.diagnosis.close()
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
@@ -317,7 +333,7 @@ class LocalEngineClient:
                          response_schema=request.response_format.schema if request.response_format else None)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
         fence = self.fences.compile(grammar) if grammar is not None else None
-        return prompt, fence, fingerprint_request(request, prompt)
+        return prompt, fence, self.diagnosis.fingerprint(request, prompt)
 
     async def _render(self, request: ChatRequest) -> RenderedPrompt:
         return await self._off_loop(partial(self.renderer.render, window=self.context_length), request)

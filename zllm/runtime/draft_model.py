@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from zllm.diagnosis.segments import shared_prefix_length
 from zllm.engine.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
 from zllm.engine.loader import LoadedModel, load_model
 from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.errors import ConfigError
-from zllm.prompt.segments import shared_prefix_length
 
 # prompt tokens a draft model sees (the most recent ones; see DraftModel.drafter_for)
 DRAFT_PROMPT_WINDOW = 1024

@@ -7,8 +7,8 @@ from anthropic.types import Message as AnthropicMessage
 from openai.types.responses import Response
 
 from zllm.api.cache_diagnostics import anthropic_diagnostics, anthropic_previous_id, responses_diagnostics
+from zllm.diagnosis.records import CacheDiagnosis
 from zllm.errors import InvalidRequest
-from zllm.store.fingerprints import CacheDiagnosis
 
 MISS = CacheDiagnosis("tools", "msg_1", missed_tokens=80, reusable_tokens=300, divergence=220,
                       segment="tool 1 (Read)", cause="changed_tool_schema", detail="the definition of Read changed")

@@ -31,7 +31,7 @@ def env(monkeypatch, short_dir, tmp_path):
 
 
 def real_explainer(record):
-    from zllm.inspect.explain_miss import explain_near_miss
+    from zllm.diagnosis.explain import explain_near_miss
 
     return explain_near_miss(dataclasses.asdict(record))
 
@@ -44,13 +44,12 @@ def fake_daemon(env, serve, loop_thread):
                             http_url="http://127.0.0.1:1/v1", host="127.0.0.1", port=1, socket="s", data_dir="d",
                             log_file="l", max_queue=8)
         control = ControlMethods(facts, trace=trace, logs=LogHub(loop_thread.loop).ring,
-                                 request_shutdown=lambda: None, explain=explain)
-        control.attach(fake_engine(FakeCache()), LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM",
-                                                                  parameters=1_234_567, model_bytes=4_938_268,
-                                                                  context_length=192, device="cpu", dtype="float32",
-                                                                  backend="torch", backend_reason="safetensors",
-                                                                  dialect_round_trip=False,
-                                                                  dialect_problem="the parser reads 0 calls back"))
+                                 request_shutdown=lambda: None)
+        model = LoadedModelInfo(name="tiny", architecture="Qwen3ForCausalLM", parameters=1_234_567,
+                                model_bytes=4_938_268, context_length=192, device="cpu", dtype="float32",
+                                backend="torch", backend_reason="safetensors", dialect_round_trip=False,
+                                dialect_problem="the parser reads 0 calls back")
+        control.attach(fake_engine(FakeCache(), explain=explain), model)
         serve({**control.methods(), **(extra_methods or {})}, control.streams(), version=version)
         for i in range(3):
             loop_thread.call(trace.publish, RequestReport(

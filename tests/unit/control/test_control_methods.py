@@ -4,6 +4,7 @@ fakes that satisfy zllm/control/served.py's protocols, as the real client and ca
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -14,15 +15,16 @@ from zllm.control.client import ControlClient
 from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import ControlError, LoadedModelInfo
 from zllm.control.served import ServedCache, ServedEngine
+from zllm.diagnosis.fingerprint_store import FingerprintStore
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
 from zllm.runtime.report import RequestReport
 from zllm.runtime.trace import LogHub, TraceHub
-from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore, RequestFingerprint
 
 NOW = time.time()
 
 
 @dataclass(frozen=True)
-class FakeNearMiss:  # the fields of zllm.kvcache.NearMiss
+class FakeNearMiss:  # the fields of zllm.diagnosis.near_miss.NearMiss
     namespace: str
     entry_id: str
     tier: Tier
@@ -79,26 +81,34 @@ class FakeDialectChoice:
 
 
 @dataclass
-class FakeEngine:  # a served.ServedEngine, as LocalEngineClient is
-    prefix_cache: FakeCache | None
-    queue_waiting: int = 2
-    dialect_choice: FakeDialectChoice = field(default_factory=FakeDialectChoice)
-
-
-def fake_engine(cache: FakeCache | None) -> FakeEngine:
-    return FakeEngine(cache)
-
-
-def test_the_fakes_satisfy_the_served_protocols() -> None:
-    assert isinstance(fake_engine(FakeCache()), ServedEngine) and isinstance(FakeCache(), ServedCache)
-
-
-@dataclass
 class Explained:
     record: object
 
     def to_json(self) -> dict:
         return {"cause": "timestamp", "segment": self.record.segment}
+
+
+@dataclass
+class FakeEngine:  # a served.ServedEngine, as LocalEngineClient is
+    prefix_cache: FakeCache | None
+    queue_waiting: int = 2
+    dialect_choice: FakeDialectChoice = field(default_factory=FakeDialectChoice)
+    explain: Callable[[object], object] | None = Explained  # None: an engine that cannot explain a near miss
+    diagnoses: Callable[[str], object] = lambda _response_id: None  # response id → (namespace, diagnosis) | None
+
+    def explain_near_miss(self, record):
+        return self.explain(record) if self.explain is not None else None
+
+    def cache_diagnosis(self, response_id: str):
+        return self.diagnoses(response_id)
+
+
+def fake_engine(cache: FakeCache | None, **fields) -> FakeEngine:
+    return FakeEngine(cache, **fields)
+
+
+def test_the_fakes_satisfy_the_served_protocols() -> None:
+    assert isinstance(fake_engine(FakeCache()), ServedEngine) and isinstance(FakeCache(), ServedCache)
 
 
 @pytest.fixture()
@@ -109,8 +119,7 @@ def daemon(serve, loop_thread):
     shutdowns: list[bool] = []
     facts = DaemonFacts(version="9.9.9", pid=4242, started_at=NOW - 5, model="tiny", http_url="http://x/v1",
                         host="127.0.0.1", port=1, socket="s", data_dir="d", log_file="l", max_queue=8)
-    control = ControlMethods(facts, trace=trace, logs=logs.ring, request_shutdown=lambda: shutdowns.append(True),
-                             explain=Explained)
+    control = ControlMethods(facts, trace=trace, logs=logs.ring, request_shutdown=lambda: shutdowns.append(True))
     _, path = serve(control.methods(), control.streams())
     return SimpleNamespace(control=control, client=ControlClient(path), trace=trace, logs=logs,
                            shutdowns=shutdowns, loop=loop_thread)
@@ -216,8 +225,7 @@ def test_a_responses_cache_diagnosis_by_id(daemon) -> None:
                                      prompt_ids=(1, 2, 3))
     store.save(fingerprint.with_response("msg_2", "ns"))
     store.save_diagnosis("msg_2", "ns", CacheDiagnosis("system", "msg_1", missed_tokens=2, reusable_tokens=3))
-    ready(daemon)
-    daemon.control.attach_diagnoses(store.diagnosis)
+    daemon.control.attach(fake_engine(FakeCache(), diagnoses=store.diagnosis), LoadedModelInfo(name="tiny"))
     answer = daemon.client.diagnosis("msg_2")
     assert (answer["namespace"], answer["diagnosis"]["reason"], answer["diagnosis"]["missed_tokens"]) == (
         "ns", "system", 2)

@@ -12,7 +12,10 @@ from zllm.models.names import dir_name
 
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return linked_store(tmp_path_factory.mktemp("zllm-data"))
+    # one store per session, whichever package's tests ask first (tests/unit/diagnosis uses these fixtures
+    # too): the renderer loaded for it (seconds) is cached by its directory
+    path = tmp_path_factory.getbasetemp() / "zllm-data-tiny-qwen"
+    return path if path.is_dir() else linked_store(path)
 
 
 @pytest.fixture(scope="session")

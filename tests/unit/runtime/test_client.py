@@ -355,3 +355,26 @@ def test_a_request_that_never_starts_still_resolves_its_split(client) -> None:
 
     split, finished = run(main())
     assert split.prompt_tokens == finished.usage.prompt_tokens and split.completion_tokens == 0
+
+
+def test_cache_diagnosis_goes_through_the_clients_declared_methods(client) -> None:
+    """EngineClient.diagnose_cache compares an admitted request with the prompt kept under an earlier response id
+    and keeps this one; ServedEngine.cache_diagnosis (the control socket's `explain-miss --id`) reads it back."""
+    async def turn(system: str, rid: str, previous: str | None):
+        stream = await client.submit(ChatRequest(id=rid, model=MODEL, sampling=SamplingParams(max_tokens=1),
+                                                 messages=(Message("system", system), Message("user", "List it."))))
+        diagnosis = await client.diagnose_cache(stream, namespace="ns", response_id=rid, previous_id=previous)
+        await collect(stream)
+        return diagnosis
+
+    async def conversation():
+        return (await turn("Be terse. Now: 2026-12-01 10:00 UTC.", "msg_1", None),
+                await turn("Be terse. Now: 2026-12-01 10:05 UTC.", "msg_2", "msg_1"),
+                await turn("Be terse.", "msg_3", "msg_unknown"))
+
+    first, second, unknown = run(conversation())
+    assert first is None and unknown.reason == "not_found"
+    assert (second.reason, second.segment, second.cause) == ("system", "system", "timestamp")
+    namespace, kept = client.cache_diagnosis("msg_2")
+    assert namespace == "ns" and kept == second
+    assert client.cache_diagnosis("msg_1") is None  # kept, but no comparison was asked for

@@ -1,6 +1,6 @@
 """explain-miss from daemon near-miss records: only decoded windows and a segment name are left, so the cause
 comes from clues in the windows. Records are made the way the daemon makes them (NearMissLog over the real
-tokenizer, segments named by zllm/prompt/segments.py) and, for the window clues, by hand."""
+tokenizer, segments named by zllm/diagnosis/segments.py) and, for the window clues, by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from zllm.canonical import ChatRequest, FunctionTool, Message
+from zllm.diagnosis.near_miss import NearMiss, NearMissLog
+from zllm.diagnosis.segments import position_describer
 from zllm.inspect import Cause, explain_near_miss, format_explanation
-from zllm.kvcache.near_miss import NearMiss, NearMissLog
-from zllm.prompt import position_describer
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = (FunctionTool("Bash", "Run a command.", SCHEMA), FunctionTool("Read", "Read a file.", SCHEMA))

@@ -3,14 +3,14 @@
 import logging
 
 from zllm.canonical import ChatRequest, Message
-from zllm.prompt import PromptRenderer
-from zllm.prompt.cache_busters import (
+from zllm.diagnosis.busters import (
     MID_CONVERSATION_SYSTEM,
     TOKENS_LEFT_REMINDER,
     describe_busters,
     drop_billing_headers,
     reported_busters,
 )
+from zllm.prompt import PromptRenderer
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;"
 

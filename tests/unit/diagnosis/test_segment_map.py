@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
-from zllm.prompt.segments import map_segments
+from zllm.diagnosis.segments import map_segments
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = (FunctionTool("Bash", "Run a command", SCHEMA), FunctionTool("Read", "Read a file", SCHEMA),

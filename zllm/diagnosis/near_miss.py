@@ -8,13 +8,14 @@ sequence's prompt (history changed: a cache-buster) or in its generated output (
 the previous answer differently — expected for some templates, e.g. ones that strip reasoning).
 
 `segment` names the part of the request's prompt the divergence falls in ("system", "tools", "message 3
-(user)", "generation prompt"): the caller passes `describe(index) -> str` (zllm/prompt/segments.py, wrapped by
+(user)", "generation prompt"): the caller passes `describe(index) -> str` (segments.py, wrapped by
 the runtime), called here once per record. It tokenizes the prompt again and runs the template a dozen times
 on the thread that records, the engine thread, before the request's prefill; near misses are rare, so that
 cost is accepted.
 
 Bounded: the newest `capacity` records, in memory. Decoding and describing are injected (`decode(ids) -> str`)
-because the cache layer must not import tokenizer or prompt code.
+because the cache layer must not import tokenizer or prompt code. This module is the prefix caches' one door
+into the diagnosis package: it imports the standard library and zllm.cache_views only (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from zllm.store.fingerprints import CacheDiagnosis, FingerprintStore, RequestFingerprint
+from zllm.diagnosis.fingerprint_store import FingerprintStore
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
 
 
 def fingerprint(response_id: str, namespace: str = "ns", ids=range(1000, 1300)) -> RequestFingerprint:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from zllm.canonical import ChatRequest, FunctionTool, Message
-from zllm.inspect.cache_diagnosis import diagnose
-from zllm.prompt.fingerprint import fingerprint_request
-from zllm.prompt.segments import shared_prefix_length
+from zllm.diagnosis.cache_diagnosis import diagnose
+from zllm.diagnosis.explain import explain_between
+from zllm.diagnosis.fingerprint import fingerprint_request
+from zllm.diagnosis.segments import shared_prefix_length
 
 SYSTEM = "You are a coding agent."
 BASH = FunctionTool("Bash", "Run a command.", {"type": "object", "properties": {"command": {"type": "string"}}})
@@ -90,3 +91,14 @@ def test_model_and_unknown_ids(renderer) -> None:
     assert (diagnosis.reason, diagnosis.missed_tokens) == ("model", len(fa.prompt_ids))
     current = fingerprint_request(request(USER), renderer.render(request(USER)))
     assert diagnose(None, current, compared_with="msg_x").reason == "not_found"
+
+
+@pytest.mark.parametrize("change", ["reordered", "added", "model"])
+def test_the_hosted_diagnosis_and_explain_miss_say_one_thing(renderer, change: str) -> None:
+    """One "why did it miss" (zllm/diagnosis/explain.py): the fingerprint diagnosis behind the hosted APIs and
+    `explain-miss --between` name the same cause in the same words."""
+    later = {"reordered": request(*TURN, tools=(READ, BASH)), "added": request(*TURN, tools=(BASH, READ, GREP)),
+             "model": request(*TURN, model="other")}[change]
+    diagnosis, _, _ = compare(renderer, request(USER), later)
+    explained = explain_between(request(USER), later, renderer)
+    assert (diagnosis.cause, diagnosis.detail) == (explained.cause.value, explained.detail)

@@ -14,9 +14,12 @@ message, the generation prompt. The one segmenter of the prompt, with two ways t
     generation prompt   tokens [196, 199)     <|im_start|>assistant\\n
 
 - `describe_position` names one token in coarser words ("system", "tools", "message 3 (user)") for the
-  prefix cache's near-miss log (kvcache/near_miss.py), which asks once per near miss, never per request: the
-  cache layer must not import this package, so the runtime hands it `position_describer`, a closure that
-  costs nothing to create and renders only when called.
+  near-miss log (near_miss.py), which asks once per near miss, never per request: the cache layer that records
+  near misses must not import this module, so the runtime hands it `position_describer`, a closure that costs
+  nothing to create and renders only when called.
+
+The renderer is zllm.prompt's `PromptRenderer`, seen through `TemplateRenderer` (the two calls used here): the
+prompt package imports this package's busters, so this package never imports the prompt package.
 
 How. A chat template renders the conversation as a whole, so message boundaries are found by rendering
 prefixes of it, `messages[:k]` without the generation prompt, and counting how many leading characters each
@@ -44,7 +47,7 @@ Approximate by nature:
 
 Message numbers are 0-based indexes into the canonical `ChatRequest.messages` (a system prompt sent as
 Anthropic's `system` or Responses' `instructions` is message 0 there); a leading system message is the system
-block. A message that cache-buster stripping removed entirely (cache_busters.py) owns no tokens.
+block. A message that cache-buster stripping removed entirely (busters.py) owns no tokens.
 """
 
 from __future__ import annotations
@@ -54,15 +57,25 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolChoice
-from zllm.prompt.cache_busters import drop_billing_headers
-from zllm.prompt.renderer import PromptRenderer
+from zllm.diagnosis.busters import drop_billing_headers
 
 SYSTEM_BLOCK = "system block"
 TOOLS = "tools"
 GENERATION_PROMPT = "generation prompt"
+
+
+
+class TemplateRenderer(Protocol):
+    """What segmenting asks of zllm.prompt's `PromptRenderer`."""
+
+    def template_text(self, request: ChatRequest, messages: tuple[Message, ...], *, tools: bool = True,
+                      add_generation_prompt: bool = True) -> str: ...
+
+    def token_starts(self, text: str) -> list[int]: ...
+
 
 Kind = Literal["system", "message", "messages", "tools", "tool", "generation"]
 
@@ -111,7 +124,7 @@ class PromptLayout:
     """One request's full template text and the partial renders that find its boundaries, each run at most
     once however often it is asked for."""
 
-    def __init__(self, renderer: PromptRenderer, request: ChatRequest) -> None:
+    def __init__(self, renderer: TemplateRenderer, request: ChatRequest) -> None:
         self.renderer, self.request = renderer, request
         self.kept, self.origin = kept_messages(request.messages)
         self.full = renderer.template_text(request, self.kept)
@@ -154,7 +167,7 @@ class PromptLayout:
         return Label("messages", f"messages {self.origin[first]}-{self.origin[stop - 1]}", self.origin[first])
 
 
-def map_segments(renderer: PromptRenderer, request: ChatRequest, total: int | None = None) -> SegmentMap:
+def map_segments(renderer: TemplateRenderer, request: ChatRequest, total: int | None = None) -> SegmentMap:
     """Segments of `request`'s prompt as `renderer.render` builds it (`total`: its length, when known)."""
     layout = PromptLayout(renderer, request)
     starts = layout.token_starts()
@@ -172,14 +185,14 @@ def map_segments(renderer: PromptRenderer, request: ChatRequest, total: int | No
     return _runs(labels, len(labels) if total is None else total)
 
 
-def position_describer(renderer: PromptRenderer, request: ChatRequest) -> Callable[[int], str]:
+def position_describer(renderer: TemplateRenderer, request: ChatRequest) -> Callable[[int], str]:
     """A cheap closure `token index -> segment name` for this request; it renders only when called."""
     def describe(index: int) -> str:
         return describe_position(renderer, request, index)
     return describe
 
 
-def describe_position(renderer: PromptRenderer, request: ChatRequest, index: int) -> str:
+def describe_position(renderer: TemplateRenderer, request: ChatRequest, index: int) -> str:
     """Name the segment token `index` falls in, in the near-miss log's words: "system", "tools" (all of the
     tool text), "message 3 (user)", "messages 3-5", "generation prompt"."""
     layout = PromptLayout(renderer, request)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
-from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
-from zllm.prompt.segments import Label, message_name, tool_name
+from zllm.diagnosis.causes import Cause, Diagnosis, diagnose_text
+from zllm.diagnosis.segments import Label, message_name, tool_name
 
 
 def diagnose_requests(a: ChatRequest, b: ChatRequest, label: Label | None) -> Diagnosis | None:
@@ -44,7 +44,7 @@ def diagnose_tools(old: tuple[FunctionTool, ...], new: tuple[FunctionTool, ...],
                    index: int | None) -> Diagnosis | None:
     old_names, new_names = [t.name for t in old], [t.name for t in new]
     if old_names != new_names:
-        return _tool_list_change(old_names, new_names)
+        return tool_list_change(old_names, new_names)
     order = ([index] if index is not None and index < len(new) else []) + list(range(len(new)))
     for i in order:
         if old[i] != new[i] or _dumps(old[i].parameters) != _dumps(new[i].parameters):
@@ -68,7 +68,8 @@ def diagnose_messages(old: tuple[Message, ...], new: tuple[Message, ...], start:
     return None
 
 
-def _tool_list_change(old_names: list[str], new_names: list[str]) -> Diagnosis:
+def tool_list_change(old_names: list[str], new_names: list[str]) -> Diagnosis:
+    """Two tool lists by name (they differ): reordered, or tools added and removed."""
     if sorted(old_names) == sorted(new_names):
         i = next(i for i, (x, y) in enumerate(zip(old_names, new_names)) if x != y)
         return Diagnosis(Cause.REORDERED_TOOLS, f"the same {len(new_names)} tools come in a different order: "

@@ -10,22 +10,21 @@ The answer behind Anthropic's `diagnostics.cache_miss_reason` and Responses' `pr
   (an earlier message differs, instead of only new ones appended); then the other settings that change the
   prompt (thinking, tool choice, response format); else the template rendered the same conversation
   differently.
-- Why: tool lists compared by name and digest (reordered / added or removed / a schema changed); a
-  mid-conversation system message or a tokens-left reminder (cache_busters.py) where the divergence falls; else
-  the decoded tokens on both sides of the divergence read for a timestamp, a session stamp, whitespace or JSON
-  spelling (causes.py), else the text was edited.
+- Why: what the structure says (tool lists compared by name and digest: reordered / added or removed / a
+  schema changed; a mid-conversation system message or a tokens-left reminder (busters.py) where the divergence
+  falls; a setting), else the decoded tokens on both sides of the divergence: the same `diagnose_divergence` that
+  explains near misses (explain.py), with the same scope rule for another model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from zllm.inspect.causes import Cause, Diagnosis, diagnose_text
-from zllm.prompt.segments import shared_prefix_length
-from zllm.store.fingerprints import CacheDiagnosis, RequestFingerprint
-
-WINDOW_TOKENS = 24
-Decode = Callable[[Sequence[int]], str]
+from zllm.diagnosis.causes import Cause, Diagnosis
+from zllm.diagnosis.compare import tool_list_change
+from zllm.diagnosis.explain import Decode, diagnose_divergence, label_from_segment, scope, windows
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
+from zllm.diagnosis.segments import Label, shared_prefix_length
 
 
 def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *, compared_with: str,
@@ -35,25 +34,22 @@ def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *
         return CacheDiagnosis("not_found", compared_with, busters=current.busters,
                               detail=f"no earlier request {compared_with!r} is known in this namespace")
     reusable = len(previous.prompt_ids)
-    if previous.model != current.model:
+    other_model = scope(previous.model, current.model, None, None)
+    if other_model is not None:
         return CacheDiagnosis("model", compared_with, missed_tokens=reusable, reusable_tokens=reusable,
-                              segment="model", cause=Cause.DIFFERENT_MODEL.value, busters=current.busters,
-                              detail=f"`{previous.model}` then `{current.model}`: cached prefixes are never "
-                                     "shared across models")
+                              segment="model", cause=other_model.cause.value, busters=current.busters,
+                              detail=other_model.detail)
     shared = shared_prefix_length(previous.prompt_ids, current.prompt_ids)
     if shared >= min(reusable, len(current.prompt_ids)):
         return CacheDiagnosis(None, compared_with, reusable_tokens=reusable, busters=current.busters)
-    reason, segment, found = _structural(previous, current)
-    windows = _windows(previous.prompt_ids, current.prompt_ids, shared, decode)
-    if found is None:
-        found = (_buster_at(segment, previous, current)
-                 or (decode and diagnose_text(windows[0] + windows[1], windows[0] + windows[2],
-                                              where=_the(segment), truncated=True))
-                 or Diagnosis(Cause.EDITED_HISTORY, f"the text of {_the(segment)} changed"))
+    reason, segment, known = _structural(previous, current)
+    before, cached_after, request_after = _windows(previous.prompt_ids, current.prompt_ids, shared, decode)
+    found = diagnose_divergence(before, cached_after, request_after, _label(segment), in_prompt=True,
+                                known=known or _buster_at(segment, previous, current))
     return CacheDiagnosis(reason, compared_with, missed_tokens=reusable - shared, reusable_tokens=reusable,
                           divergence=shared, segment=segment, cause=found.cause.value, detail=found.detail,
-                          busters=current.busters, before=windows[0], cached_after=windows[1],
-                          request_after=windows[2])
+                          busters=current.busters, before=before, cached_after=cached_after,
+                          request_after=request_after)
 
 
 def _structural(previous: RequestFingerprint, current: RequestFingerprint
@@ -85,22 +81,14 @@ def _tools_diagnosis(old: tuple[tuple[str, str], ...], new: tuple[tuple[str, str
     first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
     name = new_names[first] if first < len(new_names) else None
     segment = f"tool {first} ({name})" if name else "tools"
-    if sorted(old_names) != sorted(new_names):
-        added = sorted(set(new_names) - set(old_names))
-        removed = sorted(set(old_names) - set(new_names))
-        parts = ([f"added {', '.join(added)}"] if added else []) + ([f"removed {', '.join(removed)}"] if removed
-                                                                     else [])
-        return segment, Diagnosis(Cause.TOOLS_ADDED_OR_REMOVED, f"tools were {' and '.join(parts) or 'changed'}")
-    if old_names != new_names:
-        return segment, Diagnosis(Cause.REORDERED_TOOLS,
-                                  f"the same {len(new_names)} tools come in another order: tool {first} is "
-                                  f"{name} (was {old_names[first]}); send tools in a stable order")
+    if old_names != new_names:  # read as `explain-miss --between` reads two canonical tool lists
+        return segment, tool_list_change(old_names, new_names)
     return segment, Diagnosis(Cause.CHANGED_TOOL_SCHEMA, f"the definition of {name} changed (description or "
                                                          "input schema)")
 
 
 def _buster_at(segment: str | None, previous: RequestFingerprint, current: RequestFingerprint) -> Diagnosis | None:
-    """A reported buster (cache_busters.py) in the message the divergence falls in, in either request."""
+    """A reported buster (busters.py) in the message the divergence falls in, in either request."""
     if not segment or not segment.startswith("message "):
         return None
     index = segment.split()[1]
@@ -114,24 +102,24 @@ def _buster_at(segment: str | None, previous: RequestFingerprint, current: Reque
 
 
 def _windows(previous: Sequence[int], current: Sequence[int], at: int, decode: Decode | None) -> tuple[str, str, str]:
-    """(shared tokens before `at`, the earlier prompt from `at`, this one from `at`), decoded."""
+    """(shared tokens before `at`, the earlier prompt from `at`, this one from `at`), decoded ("" without a
+    tokenizer, or when it fails: a diagnostic never fails the request)."""
     if decode is None:
         return "", "", ""
     try:
-        return (decode(list(current[max(0, at - WINDOW_TOKENS):at])),
-                decode(list(previous[at:at + WINDOW_TOKENS])), decode(list(current[at:at + WINDOW_TOKENS])))
-    except Exception:  # a diagnostic never fails the request
+        return windows(previous, current, at, decode)
+    except Exception:
         return "", "", ""
+
+
+def _label(segment: str | None) -> Label | None:
+    """The label `diagnose_divergence` reads, under this diagnosis's own segment name ("system", not "system
+    block": the name the hosted APIs' `zllm` details have always carried)."""
+    label = label_from_segment(segment)
+    return Label(label.kind, segment, label.index) if label is not None and segment is not None else label
 
 
 def _message_name(fingerprint: RequestFingerprint, index: int) -> str:
     if index == 0 and fingerprint.roles and fingerprint.roles[0] == "system":
         return "system"
     return f"message {index} ({fingerprint.roles[index]})"
-
-
-def _the(segment: str | None) -> str:
-    if segment is None:
-        return "the prompt"
-    return f"the {segment}" if segment in ("system", "tools", "model") else segment
-

@@ -32,7 +32,7 @@ class Cause(str, Enum):
     DIFFERENT_MODEL = "different_model"
     DIFFERENT_NAMESPACE = "different_namespace"
     EDITED_HISTORY = "edited_history"
-    CACHE_BUSTER = "cache_buster"  # a known client buster (cache_busters.py) that zllm reports, not removes
+    CACHE_BUSTER = "cache_buster"  # a known client buster (busters.py) that zllm reports, not removes
     CHANGED_SETTING = "changed_setting"  # thinking, tool choice or response format changed the prompt
     NO_MISS = "no_miss"
     UNKNOWN = "unknown"

@@ -1,8 +1,8 @@
 """Prompt segments: which message (or the tools, or the generation prompt) a token index falls in."""
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolCall
-from zllm.prompt import PromptRenderer, describe_position, position_describer
-from zllm.prompt.segments import map_segments
+from zllm.diagnosis.segments import describe_position, map_segments, position_describer
+from zllm.prompt import PromptRenderer
 
 IM_START, IM_END = 151644, 151645
 WEATHER = FunctionTool("get_weather", "Weather for a city",

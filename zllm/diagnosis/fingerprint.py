@@ -1,6 +1,7 @@
-"""A request's prompt fingerprint (zllm/store/fingerprints.py): digests of its parts plus its prompt token ids.
+"""A request's prompt fingerprint (records.py; kept by fingerprint_store.py): digests of its parts plus its prompt
+token ids.
 
-Digests are taken after cache-buster normalization (cache_busters.py), the same the renderer applies: two
+Digests are taken after cache-buster normalization (busters.py), the same the renderer applies: two
 Claude Code sessions that differ only in their billing header have equal system digests, as they have equal
 prompt tokens. Message digests are by index into the canonical `ChatRequest.messages`, the numbering
 segments.py uses ("message 3 (user)"); a message the normalization removed entirely digests as "".
@@ -11,11 +12,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
+from typing import Protocol
 
 from zllm.canonical import ChatRequest, FunctionTool, Message
-from zllm.prompt.cache_busters import drop_billing_headers, reported_busters
-from zllm.prompt.renderer import RenderedPrompt
-from zllm.store.fingerprints import RequestFingerprint
+from zllm.diagnosis.busters import drop_billing_headers, reported_busters
+from zllm.diagnosis.records import RequestFingerprint
+
+
+class RenderedPrompt(Protocol):
+    """What a fingerprint reads of zllm.prompt's `RenderedPrompt`."""
+
+    token_ids: Sequence[int]
+    dropped: tuple[str, ...]  # the per-session lines normalization removed
 
 
 def fingerprint_request(request: ChatRequest, prompt: RenderedPrompt) -> RequestFingerprint:
