@@ -43,7 +43,7 @@ from bench_args import drop_page_cache, model_parser, resolve_model_dir  # noqa:
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
-from zllm.runtime import LocalEngineClient  # noqa: E402
+from zllm.runtime.client import LocalEngineClient  # noqa: E402
 
 MODEL_NAME = "bench"
 TOOLS = ["read_file", "write_file", "edit_file", "list_dir", "grep", "glob", "run_shell", "run_tests", "git_diff",

@@ -35,7 +35,7 @@ from prefix_cache import TOOLS, history_turn  # noqa: E402  (bench/prefix_cache.
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.kvcache import CacheConfig, retention  # noqa: E402
-from zllm.runtime import LocalEngineClient  # noqa: E402
+from zllm.runtime.client import LocalEngineClient  # noqa: E402
 
 MODEL_NAME = "bench"
 MiB = 1 << 20

@@ -40,7 +40,7 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.report import RequestReport
 from zllm.runtime.speculative import SpeculationConfig
 

@@ -68,9 +68,9 @@ def test_package_imports_point_one_way(package: str) -> None:
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import torch.nn\nfrom zllm.engine.runner import x\n")
+    module.write_text("import torch.nn\nfrom zllm.engine.torch.runner import x\n")
     names = imported_names(module)
-    assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.runner" in names
+    assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.torch.runner" in names
 
 
 # the engine seam: each engine library is imported only by its backend, and the seam itself imports none
@@ -99,10 +99,10 @@ def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -
 # torch and transformers at module level: only the torch backend and the torch tensors' prefix cache. Everything
 # the llama.cpp path loads imports them lazily, inside a torch-only function, or not at all
 # (tests/unit/engine/test_llamacpp_torch_free.py checks a real process).
-TORCH_HOMES = {"engine/loader.py", "engine/runner.py", "engine/packed.py", "engine/kv_layers.py",
-               "engine/torch_sampling.py", "runtime/draft_model.py", "kvcache/prefix_cache.py", "kvcache/pool.py",
-               "kvcache/state.py", "kvcache/ssd_format.py", "kvcache/ssd_tier.py", "kvcache/device_tier.py",
-               "kvcache/radix.py", "kvcache/ssd_maintenance.py"}
+TORCH_HOMES = {"engine/torch/loader.py", "engine/torch/runner.py", "engine/torch/packed.py", "engine/torch/kv_layers.py",
+               "engine/torch/sampling.py", "engine/torch/draft_model.py", "engine/torch/cache/prefix_cache.py", "engine/torch/cache/pool.py",
+               "engine/torch/cache/state.py", "engine/torch/cache/ssd_format.py", "engine/torch/cache/ssd_tier.py", "engine/torch/cache/device_tier.py",
+               "engine/torch/cache/radix.py", "engine/torch/cache/ssd_maintenance.py"}
 SERVING_PACKAGES = ("engine", "runtime", "kvcache", "prompt", "dialects", "api", "canonical")
 
 

@@ -5,7 +5,7 @@
     engine.dialect_choice.name, .reason               # the tool dialect and why (`zllm ps`)
     engine.prefix_cache                               # a ServedCache, or None when the cache is off
 
-Both prefix caches (kvcache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
+Both prefix caches (engine/torch/cache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
 tests/unit/control/test_served_contract.py checks that the real client and both real caches satisfy these,
 so a rename on either side fails there instead of as an AttributeError on the control socket.
 """

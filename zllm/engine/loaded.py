@@ -1,5 +1,5 @@
 """`LoadedModel`: a model ready for inference and the facts the runtime needs about it, whatever backend loaded
-it. Torch-free: the llama.cpp path builds one without importing torch (engine/loader.py is torch's loader).
+it. Torch-free: the llama.cpp path builds one without importing torch (engine/torch/loader.py is torch's loader).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Logits come as the engine hands them (engine/contract.py): numpy arrays in host memory (llama.cpp) or torch
 tensors on the model's device (torch). The rule is written once, as numpy (engine/host_sampling.py), and once
-more for torch tensors (engine/torch_sampling.py) so that a GPU's logits are sampled where they are, without
+more for torch tensors (engine/torch/sampling.py) so that a GPU's logits are sampled where they are, without
 a copy to the host per token; the torch file is imported only when torch logits arrive.
 
 Vectorized over the vocabulary (no Python loops over it): sampling uses the exponential-race form of the
@@ -45,7 +45,7 @@ def kernels_for(array: Any) -> ModuleType:
     """The sampling kernels for `array`'s kind: numpy's, or torch's (imported here, on first torch logits)."""
     if isinstance(array, np.ndarray):
         return host_sampling
-    from zllm.engine import torch_sampling
+    from zllm.engine.torch import sampling as torch_sampling
 
     return torch_sampling
 
@@ -64,7 +64,7 @@ class Sampler:
             if device is None:
                 self.generator = np.random.default_rng(seed)
             else:
-                from zllm.engine import torch_sampling
+                from zllm.engine.torch import sampling as torch_sampling
 
                 self.generator = torch_sampling.new_generator(seed, device)
 

@@ -48,7 +48,7 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason,
                                exact_cache=exact_cache)
-    from zllm.engine.loader import load_model
+    from zllm.engine.torch.loader import load_model
 
     loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)
     from dataclasses import replace

@@ -24,7 +24,7 @@ from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep
 from zllm.runtime.turn_output import TurnOutput
 
 if TYPE_CHECKING:
-    from zllm.kvcache.prefix_cache import Lease
+    from zllm.engine.torch.cache.prefix_cache import Lease
 
 log = logging.getLogger("zllm.runtime")
 

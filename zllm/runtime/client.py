@@ -60,8 +60,8 @@ BIG_PROMPT_CHARS = 1 << 20
 BIG_PROMPT_SLOTS = 2
 
 if TYPE_CHECKING:  # torch's: imported where the torch backend needs them, never on the llama.cpp path
-    from zllm.kvcache import PrefixCache
-    from zllm.runtime.draft_model import DraftModel
+    from zllm.engine.torch.cache.prefix_cache import PrefixCache
+    from zllm.engine.torch.draft_model import DraftModel
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
@@ -175,7 +175,7 @@ class LocalEngineClient:
                                   exact_cache=settings.exact_cache)
         draft = None
         if settings.draft_model:
-            from zllm.runtime.draft_model import load_draft_model
+            from zllm.engine.torch.draft_model import load_draft_model
 
             draft = load_draft_model(Path(settings.draft_model), loaded.tokenizer, device=str(loaded.device),
                                      dtype=settings.dtype, threads=settings.threads)
@@ -341,6 +341,6 @@ def _sampling_config(request: ChatRequest) -> SamplingConfig:
 
 
 def _torch_runner(loaded: LoadedModel):
-    from zllm.engine.runner import ModelRunner
+    from zllm.engine.torch.runner import ModelRunner
 
     return ModelRunner(loaded.model)

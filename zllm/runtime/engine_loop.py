@@ -8,7 +8,7 @@
     (RequestStream iterates it)    threadsafe       detokenize/stop → dialect parser → emit → its token
                                                   (or a speculative draft) joins the step's forward
                                                   prefilling: a chunk of its prompt joins the step's forward
-                                                one forward for all rows (engine/packed.py), each row on its
+                                                one forward for all rows (engine/torch/packed.py), each row on its
                                                 own KV cache; rows leave when they end, waiting ones join
 
 Continuous batching: rows start from different cache states (cold, a device hit, an SSD restore), keep their
@@ -56,8 +56,8 @@ from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
 
 if TYPE_CHECKING:  # both import torch; the llama.cpp path never needs them
-    from zllm.kvcache import PrefixCache
-    from zllm.runtime.draft_model import DraftModel
+    from zllm.engine.torch.cache.prefix_cache import PrefixCache
+    from zllm.engine.torch.draft_model import DraftModel
 
 __all__ = ["ActiveRequest", "EngineLoop", "EngineRequest"]
 

@@ -10,7 +10,7 @@ through numpy: where most tokens are allowed (inside a JSON string), unpack the 
 `copyto(where=)` -inf; where few are (structure, markup), gather the allowed logits, fill the row with -inf
 and put them back. Faster than torch ops and than llguidance.torch's compiled kernel, which also needs a
 torch.compile warm-up (bench/fence.py). Torch tensors on other devices or dtypes unpack with shifts on the
-logits' device (engine/torch_sampling.py, imported only for them).
+logits' device (engine/torch/sampling.py, imported only for them).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def mask_logits(logits: Any, words: np.ndarray) -> None:
 
 
 def _torch():
-    from zllm.engine import torch_sampling
+    from zllm.engine.torch import sampling as torch_sampling
 
     return torch_sampling
 

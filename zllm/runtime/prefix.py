@@ -22,8 +22,8 @@ from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
 from zllm.kvcache.sequence_cache import SequencePrefixCache
 
 if TYPE_CHECKING:  # the torch backend's; imported in the functions that serve it (the llama.cpp path never does)
-    from zllm.engine.runner import ModelRunner
-    from zllm.kvcache import PrefixCache
+    from zllm.engine.torch.runner import ModelRunner
+    from zllm.engine.torch.cache.prefix_cache import PrefixCache
 from zllm.runtime.detokenizer import raw_decoder
 
 log = logging.getLogger("zllm.runtime")
@@ -83,8 +83,9 @@ def build_prefix_cache(loaded: LoadedModel, runner: ModelRunner, config: CacheCo
         return build_sequence_cache(loaded, config, max_batch)
     import torch
 
-    from zllm.engine.kv_layers import supports_working_buffers
-    from zllm.kvcache import KVLayout, PrefixCache
+    from zllm.engine.torch.kv_layers import supports_working_buffers
+    from zllm.engine.torch.cache.prefix_cache import PrefixCache
+    from zllm.engine.torch.cache.state import KVLayout
 
     if not supports_working_buffers(runner.config):
         log.warning("prefix cache off: %s has sliding-window/linear-attention/shared KV layers",

@@ -17,7 +17,7 @@ from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import LoadedModelInfo
 from zllm.control.served import ServedCache, ServedEngine
 from zllm.kvcache import CacheConfig
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.trace import LogHub, TraceHub
 
 MODEL = "tiny"

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from zllm.engine import host_sampling, torch_sampling
+from zllm.engine import host_sampling
+from zllm.engine.torch import sampling as torch_sampling
 from zllm.engine.sampler import Sampler, SamplingConfig
 
 VOCAB = 151936

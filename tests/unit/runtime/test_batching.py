@@ -37,11 +37,12 @@ from zllm.canonical import (
     ToolChoice,
     Usage,
 )
-from zllm.engine.runner import ModelRunner
-from zllm.kvcache import CacheConfig, KVLayout
-from zllm.kvcache.pool import CAPACITY_QUANTUM, round_capacity
-from zllm.runtime import LocalEngineClient
-from zllm.runtime.draft_model import DraftModel
+from zllm.engine.torch.runner import ModelRunner
+from zllm.engine.torch.cache.state import KVLayout
+from zllm.kvcache import CacheConfig
+from zllm.engine.torch.cache.pool import CAPACITY_QUANTUM, round_capacity
+from zllm.runtime.client import LocalEngineClient
+from zllm.engine.torch.draft_model import DraftModel
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from zllm.engine.kv_layers import cache_state
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.kv_layers import cache_state
+from zllm.engine.torch.runner import ModelRunner
 from zllm.kvcache import CacheConfig
 from zllm.runtime.prefix import build_prefix_cache
 

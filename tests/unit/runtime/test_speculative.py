@@ -28,8 +28,8 @@ from tests.support.speculation import (
 )
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
 from zllm.canonical import Finished
-from zllm.engine.kv_layers import crop_to, working_cache
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.kv_layers import crop_to, working_cache
+from zllm.engine.torch.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.engine.verify import sample_from, sampled_accepts, sampling_probs
 from zllm.kvcache import CacheConfig

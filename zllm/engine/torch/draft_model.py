@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from zllm.engine.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
-from zllm.engine.loader import LoadedModel, load_model
-from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
+from zllm.engine.torch.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
+from zllm.engine.torch.loader import LoadedModel, load_model
+from zllm.engine.torch.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.errors import ConfigError
 from zllm.prompt.segments import shared_prefix_length
 
