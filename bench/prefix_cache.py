@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import shutil
 import sys
@@ -151,10 +150,9 @@ def main() -> None:
     needed = args.tokens + 200 * (args.turns + 2)  # the session grows by an answer and a user turn per turn
     loaded = load_for_backend(model_dir, backend=args.backend, device=args.device, threads=args.threads)
     if loaded.context_length < needed:  # the tiny test model's window is 512; RoPE extends fine beyond
-        if loaded.engine is not None:  # llama.cpp sizes its KV pool at load
-            loaded.engine.close()
-            loaded = load_for_backend(model_dir, backend=args.backend, threads=args.threads, context_length=needed)
-        loaded = dataclasses.replace(loaded, context_length=needed)
+        loaded.close()  # a backend may size its KV pool for the window at load (llama.cpp does): load it again
+        loaded = load_for_backend(model_dir, backend=args.backend, device=args.device, threads=args.threads,
+                                  context_length=needed)
     snapshot_dir = Path(tempfile.mkdtemp(prefix="zllm-bench-kv-"))
     config = CacheConfig(device_budget_bytes=4 << 30, ssd_dir=snapshot_dir, ssd_min_tokens=1)
     common = {"model": model_dir.name, "backend": loaded.backend, "device": str(loaded.device),

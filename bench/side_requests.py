@@ -141,8 +141,7 @@ def main() -> None:
                 print(json.dumps({"rule": rule, **session(client, args.turns), **common}), flush=True)
             finally:
                 client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 if __name__ == "__main__":

@@ -49,8 +49,7 @@ def engine(request):
     yield case, client
     client.tap.remove()
     client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 @dataclass(frozen=True)

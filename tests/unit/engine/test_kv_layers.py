@@ -2,7 +2,13 @@
 
 import torch
 
-from zllm.engine.torch.kv_layers import PreallocatedLayer, cache_buffers, cache_state, supports_working_buffers, working_cache
+from zllm.engine.torch.kv_layers import (
+    PreallocatedLayer,
+    cache_buffers,
+    cache_state,
+    supports_working_buffers,
+    working_cache,
+)
 from zllm.engine.torch.runner import ModelRunner
 
 IDS = list(range(2000, 2090))

@@ -13,8 +13,8 @@ import torch
 
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
-from zllm.engine.torch.loader import load_model
 from zllm.engine.torch.kv_layers import working_cache
+from zllm.engine.torch.loader import load_model
 from zllm.engine.torch.packed import Segment, packed_forward, supports_packing, use_packed_attention
 from zllm.engine.torch.runner import ModelRunner
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, TextDelta
+from zllm.engine.torch.cache.state import state_tensors, storage_bytes
 from zllm.engine.torch.runner import ModelRunner
 from zllm.kvcache import CacheConfig
-from zllm.engine.torch.cache.state import state_tensors, storage_bytes
 from zllm.runtime.client import LocalEngineClient
 
 MODEL = "tiny"

@@ -8,3 +8,5 @@
     draft_model.py  a small causal LM as the speculative drafter
     cache/          the prefix cache over per-layer tensors: radix tree, pooled buffers, tensor SSD snapshots
 """
+
+from zllm.engine.torch import sampling  # noqa: F401  (registers torch's sampling kernels: engine/sampler.py)

@@ -19,8 +19,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from zllm.engine.contract import KeptState, Row
 from zllm.engine.torch.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
-from zllm.engine.torch.loader import apply_threads
 from zllm.engine.torch.packed import Segment, packed_forward, supports_packing, use_packed_attention
+
+
+def apply_threads(threads: int) -> None:
+    """torch's intra-op thread count; call it on every thread that runs torch work (it is per thread for OpenMP)."""
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
 
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
 # gives the caller a point between chunks to notice an abort.
