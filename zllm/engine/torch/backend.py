@@ -96,7 +96,7 @@ class TorchModel(LoadedModel):
         """A draft model's proposals are verified like prompt lookup's: every torch model can."""
 
     def load_draft_model(self, path: Path, *, dtype: str, threads: int):
-        from zllm.engine.torch.draft_model import load_draft_model  # a draft model is rare: loaded when asked
+        from zllm.engine.torch.draft_model import load_draft_model  # draft_model.py imports this module
 
         return load_draft_model(path, self.tokenizer, device=str(self.device), dtype=dtype, threads=threads)
 

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from zllm.engine.torch.cache.pool import BufferPool
 from zllm.engine.torch.cache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
 from zllm.engine.torch.cache.ssd_maintenance import Maintenance
@@ -269,8 +271,6 @@ class SnapshotStore(Maintenance):
 
 def _gather(sources: tuple[tuple[int, KVState], ...], start: int, stop: int) -> KVState:
     """Tokens [start, stop) of the concatenated sources, as one fresh state on the CPU."""
-    import torch
-
     pieces = []
     for piece_start, span in sources:
         lo, hi = max(start, piece_start), min(stop, piece_start + seq_len(span))
