@@ -28,7 +28,7 @@ shared machine the ratios are the figures, absolute numbers are noise. One JSON 
 - decode_gap_during_long_prefill: a stream is decoding when the long prompt arrives: its largest gap between two
   tokens while the long one prefills (max_gap_ms) vs its usual gap (steady_gap_ms), chunked vs unchunked, and
   the long prefill time in each; ratio = unchunked max gap / chunked max gap.
-- packed_decode_tok_s: one lone stream through the packed forward (engine/packed.py) vs the unpacked path
+- packed_decode_tok_s: one lone stream through the packed forward (engine/torch/packed.py) vs the unpacked path
   (ModelRunner(model, packing=False)), measured as aggregate_decode_tok_s at K=1; ratio = packed / unpacked,
   goal ~1.0 (what packing costs a request that has nobody to batch with).
 - speculative_echo_decode_tok_s: the echo-heavy agent turn of bench/speculative.py (rewrite a file shown in the
@@ -58,7 +58,10 @@ from bench_args import FILLER, model_parser, resolve_model_dir  # noqa: E402  (b
 from speculative import TURNS  # noqa: E402  (bench/speculative.py: the same echo turn)
 
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, TextDelta  # noqa: E402
-from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
+from zllm.engine.loaded import LoadedModel  # noqa: E402
+from zllm.engine.sampler import SamplingConfig  # noqa: E402
+from zllm.engine.torch.loader import load_model  # noqa: E402
+from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest  # noqa: E402
 from zllm.runtime.scheduler import SchedulerConfig  # noqa: E402
@@ -322,7 +325,7 @@ def prefill_figures(loaded: LoadedModel, runner: ModelRunner, renderer: PromptRe
 
 def packing_figure(loaded: LoadedModel, runner: ModelRunner, renderer: PromptRenderer, args, facts: dict) -> None:
     if not runner.packing:
-        emit("packed_decode_tok_s", {"skipped": "this model does not pack (engine/packed.py probe)"}, facts)
+        emit("packed_decode_tok_s", {"skipped": "this model does not pack (engine/torch/packed.py probe)"}, facts)
         return
     sides = {"packed": runner, "unpacked": ModelRunner(loaded.model, packing=False)}
     prompt = story_prompts(renderer, 1)

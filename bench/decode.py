@@ -29,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_args import FILLER, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.canonical import ChatRequest, Finished, Message  # noqa: E402
-from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
+from zllm.engine.loaded import LoadedModel  # noqa: E402
+from zllm.engine.sampler import SamplingConfig  # noqa: E402
+from zllm.engine.torch.loader import load_model  # noqa: E402
+from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest  # noqa: E402
 

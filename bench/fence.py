@@ -32,8 +32,13 @@ from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/ben
 
 from zllm.canonical import ChatRequest, Message  # noqa: E402
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar  # noqa: E402
-from zllm.engine import LoadedModel, ModelRunner, SamplingConfig, load_model  # noqa: E402
-from zllm.engine.sampler import Sampler  # noqa: E402
+from zllm.engine.loaded import LoadedModel  # noqa: E402
+from zllm.engine.sampler import (
+    Sampler,  # noqa: E402
+    SamplingConfig,  # noqa: E402
+)
+from zllm.engine.torch.loader import load_model  # noqa: E402
+from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.prompt.stop_tokens import model_stop_token_ids  # noqa: E402
 from zllm.runtime.fence import FenceCompiler, sample_fenced  # noqa: E402

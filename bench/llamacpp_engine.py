@@ -48,11 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batching import Stream, chat_ids, decode_window, long_prompt, story_prompts  # noqa: E402  (bench/batching.py)
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
-from zllm.engine import ModelRunner  # noqa: E402
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
-from zllm.engine.loader import GGUF_FILE  # noqa: E402
+from zllm.engine.loaded import GGUF_FILE  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
+from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.engine_loop import EngineLoop  # noqa: E402
 from zllm.runtime.scheduler import SchedulerConfig  # noqa: E402

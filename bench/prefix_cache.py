@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import shutil
 import sys
@@ -43,7 +42,7 @@ from bench_args import drop_page_cache, model_parser, resolve_model_dir  # noqa:
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
-from zllm.runtime import LocalEngineClient  # noqa: E402
+from zllm.runtime.client import LocalEngineClient  # noqa: E402
 
 MODEL_NAME = "bench"
 TOOLS = ["read_file", "write_file", "edit_file", "list_dir", "grep", "glob", "run_shell", "run_tests", "git_diff",
@@ -151,10 +150,9 @@ def main() -> None:
     needed = args.tokens + 200 * (args.turns + 2)  # the session grows by an answer and a user turn per turn
     loaded = load_for_backend(model_dir, backend=args.backend, device=args.device, threads=args.threads)
     if loaded.context_length < needed:  # the tiny test model's window is 512; RoPE extends fine beyond
-        if loaded.engine is not None:  # llama.cpp sizes its KV pool at load
-            loaded.engine.close()
-            loaded = load_for_backend(model_dir, backend=args.backend, threads=args.threads, context_length=needed)
-        loaded = dataclasses.replace(loaded, context_length=needed)
+        loaded.close()  # a backend may size its KV pool for the window at load (llama.cpp does): load it again
+        loaded = load_for_backend(model_dir, backend=args.backend, device=args.device, threads=args.threads,
+                                  context_length=needed)
     snapshot_dir = Path(tempfile.mkdtemp(prefix="zllm-bench-kv-"))
     config = CacheConfig(device_budget_bytes=4 << 30, ssd_dir=snapshot_dir, ssd_min_tokens=1)
     common = {"model": model_dir.name, "backend": loaded.backend, "device": str(loaded.device),

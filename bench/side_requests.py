@@ -35,7 +35,7 @@ from prefix_cache import TOOLS, history_turn  # noqa: E402  (bench/prefix_cache.
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.kvcache import CacheConfig, retention  # noqa: E402
-from zllm.runtime import LocalEngineClient  # noqa: E402
+from zllm.runtime.client import LocalEngineClient  # noqa: E402
 
 MODEL_NAME = "bench"
 MiB = 1 << 20
@@ -141,8 +141,7 @@ def main() -> None:
                 print(json.dumps({"rule": rule, **session(client, args.turns), **common}), flush=True)
             finally:
                 client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 if __name__ == "__main__":

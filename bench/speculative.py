@@ -33,8 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.canonical import ChatRequest, Message  # noqa: E402
-from zllm.engine import ModelRunner, SamplingConfig, load_model  # noqa: E402
-from zllm.engine.sampler import Sampler  # noqa: E402
+from zllm.engine.sampler import (
+    Sampler,  # noqa: E402
+    SamplingConfig,  # noqa: E402
+)
+from zllm.engine.torch.loader import load_model  # noqa: E402
+from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep  # noqa: E402
 

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from bench_args import drop_page_cache
 
-from zllm.kvcache import ssd_format
-from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
-from zllm.kvcache.state import KVLayout, TensorSpec
+from zllm.engine.torch.cache import ssd_format
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.engine.torch.cache.state import KVLayout, TensorSpec
 
 
 def parse_args() -> argparse.Namespace:

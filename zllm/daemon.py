@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import itertools
 import logging
 import os
 import signal
@@ -214,15 +213,9 @@ def describe_model(engine, served: Served):
                  context_length=loaded.context_length, loaded_at=time.time(), backend=loaded.backend,
                  backend_reason=loaded.backend_reason, quantization=loaded.quantization,
                  dialect_round_trip=engine.dialect_check.held, dialect_problem=engine.dialect_check.problem)
-    architectures = getattr(loaded.config, "architectures", None)
-    if loaded.engine is not None:  # llama.cpp holds the weights: it counts them
-        return LoadedModelInfo(architecture=(architectures or ["-"])[0], parameters=loaded.engine.parameters,
-                               model_bytes=loaded.engine.model_bytes, **facts)
-    model = loaded.model
-    tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}.values()
-    return LoadedModelInfo(architecture=(architectures or [type(model).__name__])[0],
-                           parameters=sum(p.numel() for p in model.parameters()),
-                           model_bytes=sum(t.numel() * t.element_size() for t in tensors), **facts)
+    weights = loaded.weights()
+    return LoadedModelInfo(architecture=weights.architecture, parameters=weights.parameters,
+                           model_bytes=weights.model_bytes, **facts)
 
 
 def log_dialect_check(engine) -> None:

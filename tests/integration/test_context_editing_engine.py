@@ -15,8 +15,8 @@ import pytest
 from tests.support.http_server import ThreadedServer
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
-from zllm.engine.loader import load_model
-from zllm.runtime import LocalEngineClient
+from zllm.engine.torch.loader import load_model
+from zllm.runtime.client import LocalEngineClient
 
 MODEL = "tiny"
 WINDOW = 16_384

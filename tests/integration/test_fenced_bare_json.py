@@ -20,7 +20,7 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 SEEDS = 8
 OPENING = '{"name": "search", "'
@@ -28,7 +28,7 @@ OPENING = '{"name": "search", "'
 
 @pytest.fixture(scope="module")
 def client():
-    from zllm.engine.loader import load_model
+    from zllm.engine.torch.loader import load_model
 
     loaded = load_model(tiny_qwen_dir(), device="cpu", dtype="float32", threads=1)
     client = LocalEngineClient(loaded, "m", 0, dialect="hermes", prefix_cache=False)

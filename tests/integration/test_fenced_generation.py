@@ -30,7 +30,7 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 SEEDS = os.environ.get("ZLLM_FENCE_SEEDS")  # every case's seeds; unset: each case's default_seeds
 
@@ -49,8 +49,7 @@ def engine(request):
     yield case, client
     client.tap.remove()
     client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from zllm.canonical import (
     ToolCallStart,
     ToolChoice,
 )
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.report import RequestReport
 from zllm.runtime.speculative import SpeculationConfig
 
@@ -117,8 +117,7 @@ def engine(request):
     yield case, client, counter
     client.tap.remove()
     client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 def tool_request(prompt: str, choice: ToolChoice, sampling: SamplingParams, tools=TOOLS) -> ChatRequest:

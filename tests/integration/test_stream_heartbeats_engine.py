@@ -23,8 +23,8 @@ from tests.support.http_server import ThreadedServer
 from tests.support.step_tap import StepTap
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
-from zllm.engine.loader import load_model
-from zllm.runtime import LocalEngineClient
+from zllm.engine.torch.loader import load_model
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.scheduler import SchedulerConfig
 
 MODEL = "tiny"

@@ -12,8 +12,8 @@ import pytest
 from tests.support.http_server import ThreadedServer
 from tests.support.tiny_models import tiny_qwen_dir
 from zllm.api import create_app
-from zllm.engine.loader import load_model
-from zllm.runtime import LocalEngineClient
+from zllm.engine.torch.loader import load_model
+from zllm.runtime.client import LocalEngineClient
 
 SCHEMA = {"type": "object",
           "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]},

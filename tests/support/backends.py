@@ -123,5 +123,4 @@ def tiny_qwen3_per_backend(context_length: int = 2048):
         patch.setattr(FenceVocab, "build", build_once)
         yield get
     for loaded in models.values():
-        if loaded.engine is not None:
-            loaded.engine.close()
+        loaded.close()

@@ -98,7 +98,7 @@ def backend_cases() -> list:
 def load_case(case: Case, backend: str):
     """The case's tiny model on `backend` (CPU, float32, one thread)."""
     from tests.support.backends import load_tiny
-    from zllm.engine.loader import load_model
+    from zllm.engine.torch.loader import load_model
 
     if backend == "torch":
         return load_model(case.model_dir(), device="cpu", dtype="float32", threads=1)

@@ -21,8 +21,8 @@ import torch
 
 from tests.support.tiny_models import tiny_qwen_tokenizer
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
-from zllm.engine.kv_layers import crop_to
 from zllm.engine.sampler import Sampler, SamplingConfig
+from zllm.engine.torch.kv_layers import crop_to
 from zllm.runtime.fence import sample_fenced
 from zllm.runtime.speculative import Drafter, SpeculationConfig, SpeculativeStep
 

@@ -16,10 +16,12 @@ FORBIDDEN = {
     "api": {"torch", "transformers", "safetensors", "zllm.engine", "zllm.runtime", "zllm.kvcache", "zllm.prompt",
             "zllm.models", "zllm.cli", "zllm.daemon", "zllm.diagnosis"},
     "engine": {"aiohttp", "zllm.api", "zllm.runtime", "zllm.cli", "zllm.daemon", "zllm.models"},
-    "runtime": {"aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
-    # the cache layer imports nothing above it: it gets token ids, tensors and an injected decode callable
-    "kvcache": {"aiohttp", "transformers", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt", "zllm.models",
-                "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical", "zllm.diagnosis"},
+    "runtime": {"torch", "transformers", "aiohttp", "zllm.api", "zllm.cli", "zllm.daemon", "zllm.models"},
+    # the cache layer imports nothing above it and no engine library: it gets token ids, a backend's state and an
+    # injected decode callable (the torch backend's tensor cache is engine/torch/cache/)
+    "kvcache": {"torch", "aiohttp", "transformers", "zllm.api", "zllm.runtime", "zllm.engine", "zllm.prompt",
+                "zllm.models", "zllm.cli", "zllm.daemon", "zllm.store", "zllm.dialects", "zllm.canonical",
+                "zllm.diagnosis"},
     # dialects are pure text ⇄ canonical: no tensors, no tokenizer library, no protocol
     "dialects": {"torch", "transformers", "tokenizers", "llguidance", "aiohttp", "zllm.api", "zllm.runtime",
                  "zllm.engine", "zllm.kvcache", "zllm.prompt", "zllm.models", "zllm.cli", "zllm.daemon", "zllm.store",
@@ -94,9 +96,9 @@ def test_the_diagnosis_doors_are_leaves() -> None:
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import torch.nn\nfrom zllm.engine.runner import x\n")
+    module.write_text("import torch.nn\nfrom zllm.engine.torch.runner import x\n")
     names = imported_names(module)
-    assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.runner" in names
+    assert violates("torch.nn", FORBIDDEN["api"]) and "zllm.engine.torch.runner" in names
 
 
 # the engine seam: each engine library is imported only by its backend, and the seam itself imports none
@@ -122,46 +124,50 @@ def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -
     assert not bad, f"zllm/{module} imports {bad}"
 
 
-# torch and transformers at module level: only the torch backend and the torch tensors' prefix cache. Everything
-# the llama.cpp path loads imports them lazily, inside a torch-only function, or not at all
-# (tests/unit/engine/test_llamacpp_torch_free.py checks a real process).
-TORCH_HOMES = {"engine/loader.py", "engine/runner.py", "engine/packed.py", "engine/kv_layers.py",
-               "engine/torch_sampling.py", "runtime/draft_model.py", "kvcache/prefix_cache.py", "kvcache/pool.py",
-               "kvcache/state.py", "kvcache/ssd_format.py", "kvcache/ssd_tier.py", "kvcache/device_tier.py",
-               "kvcache/radix.py", "kvcache/ssd_maintenance.py"}
-SERVING_PACKAGES = ("engine", "runtime", "kvcache", "prompt", "dialects", "api", "canonical")
+# torch is one backend, one package: torch, transformers and safetensors are imported only inside engine/torch/
+# (anywhere in a module: top level, functions, `if TYPE_CHECKING`), and engine/torch/ only by itself and by the
+# backend chooser (engine/select.py), in every package the daemon serves from. models/ (pull, checks) and inspect/
+# (offline analyses) are no part of serving. tests/unit/engine/test_llamacpp_torch_free.py checks a real process.
+TORCH_HOME = "engine/torch"
+TORCH_LIBRARIES = {"torch", "transformers", "safetensors"}
+BACKEND_CHOOSER = "engine/select.py"
+SERVING = ("engine", "runtime", "kvcache", "prompt", "dialects", "api", "canonical", "control", "store", "daemon.py")
 
 
-def module_level_imports(path: Path) -> set[str]:
-    """Imports a module runs when it is imported: its top level, `try` and `if` blocks (not `if TYPE_CHECKING`)."""
-    names: set[str] = set()
-    pending = list(ast.parse(path.read_text(), str(path)).body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
-            pending.extend(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            pending.extend(node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body])
-    return names
+def serving_modules() -> list[Path]:
+    return sorted(path for name in SERVING
+                  for path in ([ROOT / name] if name.endswith(".py") else (ROOT / name).rglob("*.py")))
 
 
-def test_only_the_torch_backend_imports_torch_at_module_level() -> None:
-    bad = [f"{path.relative_to(ROOT)} imports {name}"
-           for package in SERVING_PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-           if str(path.relative_to(ROOT)) not in TORCH_HOMES
-           for name in sorted(module_level_imports(path)) if violates(name, {"torch", "transformers"})]
+def torch_imports_outside_its_package(paths: list[Path], root: Path = ROOT) -> list[str]:
+    bad = []
+    for path in paths:
+        where = path.relative_to(root).as_posix()
+        if where.startswith(TORCH_HOME + "/"):
+            continue
+        forbidden = TORCH_LIBRARIES | ({"zllm.engine.torch"} if where != BACKEND_CHOOSER else set())
+        bad += [f"{where} imports {name}" for name in sorted(imported_names(path)) if violates(name, forbidden)]
+    return bad
+
+
+def test_only_the_torch_backend_imports_torch() -> None:
+    assert (ROOT / TORCH_HOME / "backend.py").is_file(), "the torch backend is the package engine/torch/"
+    bad = torch_imports_outside_its_package(serving_modules())
     assert not bad, "\n".join(bad)
 
 
-def test_the_module_level_checker_skips_type_checking_and_functions(tmp_path: Path) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
-                      "def f():\n    import transformers\ntry:\n    import torch.nn\nexcept ImportError:\n    pass\n")
-    assert module_level_imports(module) == {"typing", "torch.nn"}
+def test_the_torch_check_sees_functions_type_checking_and_the_package(tmp_path: Path) -> None:
+    runtime = tmp_path / "zllm" / "runtime"
+    runtime.mkdir(parents=True)
+    samples = {"lazy.py": "def f():\n    import torch\n",
+               "typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from transformers import X\n",
+               "backend.py": "from zllm.engine.torch.runner import ModelRunner\n",
+               "clean.py": "import numpy\nfrom zllm.engine.contract import Row\n"}
+    for name, text in samples.items():
+        (runtime / name).write_text(text)
+    bad = torch_imports_outside_its_package(sorted(runtime.glob("*.py")), root=tmp_path / "zllm")
+    assert bad == ["runtime/backend.py imports zllm.engine.torch.runner", "runtime/lazy.py imports torch",
+                   "runtime/typed.py imports transformers"]
 
 
 # the cache's typed views are shared by the cache layer, the control socket and the CLI, which may not import

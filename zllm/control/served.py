@@ -7,7 +7,7 @@
     engine.explain_near_miss(record)                  # one of its near misses explained (`zllm cache explain-miss`)
     engine.cache_diagnosis("msg_…")                   # (namespace, the diagnosis that response carried) | None
 
-Both prefix caches (kvcache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
+Both prefix caches (engine/torch/cache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
 tests/unit/control/test_served_contract.py checks that the real client and both real caches satisfy these,
 so a rename on either side fails there instead of as an AttributeError on the control socket.
 """

@@ -10,7 +10,7 @@
     engine.kept_state(seq)                   what the prefix cache keeps when the request ends
     engine.export_state(seq) / import_state(data)   a sequence as bytes and back (the SSD tier)
 
-Backends: `torch` (engine/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
+Backends: `torch` (engine/torch/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
 `llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
 unified KV pool). Only a backend imports its engine library.
 

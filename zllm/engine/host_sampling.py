@@ -1,4 +1,4 @@
-"""The sampling rule on numpy arrays in host memory (engine/sampler.py says what it is; torch_sampling.py is the
+"""The sampling rule on numpy arrays in host memory (engine/sampler.py says what it is; torch/sampling.py is the
 same rule on torch tensors). Every function takes one row of logits or probabilities, `[vocab]` float."""
 
 from __future__ import annotations

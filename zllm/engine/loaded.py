@@ -1,59 +1,130 @@
-"""`LoadedModel`: a model ready for inference and the facts the runtime needs about it, whatever backend loaded
-it. Torch-free: the llama.cpp path builds one without importing torch (engine/loader.py is torch's loader).
+"""`LoadedModel`: the one backend object the runtime holds for a served model, whatever backend loaded it.
+
+    loaded = load_for_backend(model_dir, ...)         # engine/select.py: torch/ or llamacpp/ builds one
+    loaded.engine                                     the step-level engine seam (engine/contract.py)
+    loaded.tokenizer, .context_length, .vocab_size    facts the prompt renderer and the stop rules read
+    loaded.build_prefix_cache(config, ...)            its prefix cache (None: its KV cannot be cached)
+    loaded.load_draft_model(path, ...)                a draft model for speculative decoding (ConfigError: none)
+    loaded.weights()                                  what `zllm ps` says of the weights
+    loaded.out_of_memory(exc), loaded.close()
+
+Each backend subclasses it in its own package (engine/torch/backend.py, engine/llamacpp/model.py), so nothing
+above asks which backend it is. A request-level engine (a remote server that renders, samples and caches
+itself) would be a different object beside this one, not a third copy of it: the runtime's loop drives only
+step-level engines. Torch-free: nothing here imports an engine library.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
+from zllm.engine.contract import Engine
 from zllm.errors import ConfigError
-from zllm.model_files import GGUF_FILE  # noqa: F401 (engine/loader.py takes it from here)
+from zllm.kvcache.config import CacheConfig
+
+
+class Tokenizer(Protocol):
+    """What zllm asks of a tokenizer: transformers' (torch backend) or prompt/tokenizer_files.TokenizerFiles."""
+
+    chat_template: Any
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], **options: Any) -> str: ...
+
+
+class Drafter(Protocol):
+    """One request's drafter (runtime/speculative.py's prompt lookup speaks the same interface)."""
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]: ...
+
+
+class DraftModel(Protocol):
+    """A draft model shared by every request: a fresh drafter per request."""
+
+    def drafter_for(self, prompt_ids: Sequence[int]) -> Drafter: ...
 
 
 @dataclass(frozen=True)
-class LoadedModel:
-    """A model ready for inference, with the facts the runtime needs about it."""
+class Weights:
+    """What `zllm ps` says of the loaded weights."""
 
+    architecture: str
+    parameters: int
+    model_bytes: int
+
+
+class LoadedModel(ABC):
+    """A model ready for inference, with the facts the runtime needs about it. Subclasses are frozen dataclasses
+    that hold these attributes (`dataclasses.replace` works on them)."""
+
+    backend: ClassVar[str]  # the engine seam's backend that serves it: "torch", "llamacpp"
     path: Path
-    model: Any  # a transformers PreTrainedModel (None on llama.cpp, which holds the weights itself)
-    tokenizer: Any  # a transformers tokenizer, or prompt/tokenizer_files.TokenizerFiles on llama.cpp
-    device: Any  # the torch.device the model runs on; "cpu" on llama.cpp (its engine.device says numpy logits)
-    dtype: Any  # a torch.dtype, or the GGUF's quantization name
+    tokenizer: Tokenizer
     # tokens that prompt + output must fit in (settings override, else the model's max_position_embeddings)
     context_length: int
-    # torch intra-op threads the engine thread must use (0 = torch's default)
-    threads: int = 0
-    # the engine seam's backend that serves it (engine/contract.py), why, and the weights' quantization
-    backend: str = "torch"
-    backend_reason: str = "safetensors weights run on transformers"
-    # a backend built at load time (llama.cpp holds the weights itself; `model` is then None)
-    engine: Any = None
-    # transformers' config of the model (read from the GGUF for llama.cpp); None: model.config
-    model_config: Any = None
-    # the generation config's EOS id(s), when the model has one
-    generation_eos: Any = None
+    # intra-op threads the engine thread must use (0 = the engine library's default)
+    threads: int
+    backend_reason: str  # why this backend serves it (`zllm ps`, the startup log)
+    device: Any  # where the weights run (str() names it: "cpu", "cuda:0")
 
-    def __post_init__(self) -> None:
-        assert self.context_length > 0, "context_length is resolved at load time"
+    # the rest are a backend's fields or properties (a dataclass field cannot override an abstract property)
+    engine: Engine  # the step-level engine over the weights (engine/contract.py)
+    # transformers' config of the model, or config.json read as attributes (`architectures`, `get_text_config()`)
+    config: Any
+    quantization: str  # the weights' number format: a torch dtype's name, or the GGUF's quantization
+    vocab_size: int  # rows of logits the engine returns (the fences' masks cover them)
+    generation_eos: int | list[int] | None  # the generation config's EOS id(s), when the model has one
 
     @property
-    def config(self):
-        return self.model_config if self.model_config is not None else self.model.config
-
-    @property
-    def text_config(self):
+    def text_config(self) -> Any:
         return self.config.get_text_config()
 
     @property
-    def quantization(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
+    def cache_dtype(self) -> str:
+        """The number format in the prefix cache's KV identity (runtime/prefix.served_model_key): two backends
+        compute the same model's KV differently, so the backend's name is part of it."""
+        return f"{self.backend}:{self.quantization}"
+
+    @abstractmethod
+    def device_cache_budget(self, budget_mb: int) -> int:
+        """Bytes of KV the prefix cache's device tier may hold; `budget_mb` 0: the backend's default."""
+
+    @abstractmethod
+    def build_prefix_cache(self, config: CacheConfig, *, key: str, max_batch: int,
+                           decode: Callable[[Sequence[int]], str]) -> Any:
+        """The model's prefix cache (kvcache's interface), or None when its KV cannot be cached. `key`: the
+        served model's KV identity; `decode`: token ids → text, for near-miss records."""
+
+    def check_draft_model(self) -> None:
+        """ConfigError when this backend cannot verify a draft model's proposals (the base: none can)."""
+        raise ConfigError("--draft-model runs on the torch backend only",
+                          hint="use --speculative (prompt lookup) on llama.cpp, or --backend torch")
+
+    def load_draft_model(self, path: Path, *, dtype: str, threads: int) -> DraftModel:
+        """A draft model for speculative decoding, on this model's device (ConfigError: none on this backend)."""
+        self.check_draft_model()
+        raise NotImplementedError
+
+    @abstractmethod
+    def weights(self) -> Weights: ...
+
+    def out_of_memory(self, exc: BaseException) -> bool:
+        """Whether `exc` says the device ran out of memory (and memory was given back to it)."""
+        return False
+
+    def close(self) -> None:
+        """Give the weights and the engine's memory back (only once no thread runs the engine any more)."""
 
 
-def _context_length(model, override: int) -> int:
-    """`model`: a PreTrainedModel or its config."""
-    config = getattr(model, "config", model)
+def window_length(config: Any, override: int) -> int:
+    """`config`: a transformers config (or config.json as attributes); `override` > 0 wins."""
     native = getattr(config.get_text_config(), "max_position_embeddings", None)
     if override > 0:
         # a longer window than the model was trained for is allowed (RoPE scaling users know what they do)

@@ -2,8 +2,9 @@
 
 Logits come as the engine hands them (engine/contract.py): numpy arrays in host memory (llama.cpp) or torch
 tensors on the model's device (torch). The rule is written once, as numpy (engine/host_sampling.py), and once
-more for torch tensors (engine/torch_sampling.py) so that a GPU's logits are sampled where they are, without
-a copy to the host per token; the torch file is imported only when torch logits arrive.
+more for torch tensors (engine/torch/sampling.py) so that a GPU's logits are sampled where they are, without
+a copy to the host per token. A backend whose logits are not numpy arrays registers its kernels
+(`register_kernels`, as its package is imported): this rule never imports an engine library.
 
 Vectorized over the vocabulary (no Python loops over it): sampling uses the exponential-race form of the
 Gumbel-max trick (`argmax(p / E)`, `E ~ Exp(1)`), which draws from `p` without normalizing it and without a
@@ -41,13 +42,30 @@ class SamplingConfig:
         return self.temperature == 0.0 or self.top_k == 1
 
 
+# array type → the sampling kernels for logits of that type, registered by the backend that returns them
+_DEVICE_KERNELS: dict[type, ModuleType] = {}
+
+
+def register_kernels(array_type: type, kernels: ModuleType) -> None:
+    """`kernels` (host_sampling's functions, plus `new_generator`, `mask_logits` and `host_view`) sample and mask
+    logits of `array_type`: a backend's own arrays, on its device."""
+    _DEVICE_KERNELS[array_type] = kernels
+
+
 def kernels_for(array: Any) -> ModuleType:
-    """The sampling kernels for `array`'s kind: numpy's, or torch's (imported here, on first torch logits)."""
+    """The sampling kernels for `array`'s kind: numpy's, or those its backend registered."""
     if isinstance(array, np.ndarray):
         return host_sampling
-    from zllm.engine import torch_sampling
+    for kind in type(array).__mro__:
+        if kind in _DEVICE_KERNELS:
+            return _DEVICE_KERNELS[kind]
+    raise TypeError(f"no sampling kernels for {type(array).__name__} logits (their backend registers them)")
 
-    return torch_sampling
+
+def device_kernels() -> ModuleType:
+    """The kernels of the backend whose logits live on a device (a Sampler given a device samples with them)."""
+    assert _DEVICE_KERNELS, "a backend with device logits registers its kernels as its package is imported"
+    return next(iter(_DEVICE_KERNELS.values()))
 
 
 class Sampler:
@@ -64,9 +82,7 @@ class Sampler:
             if device is None:
                 self.generator = np.random.default_rng(seed)
             else:
-                from zllm.engine import torch_sampling
-
-                self.generator = torch_sampling.new_generator(seed, device)
+                self.generator = device_kernels().new_generator(seed, device)
 
     def __call__(self, logits: Any) -> Any:
         """logits: [vocab] → the chosen token id as a [1, 1] integer array of the same kind (and device)."""

@@ -4,13 +4,14 @@
     torch     transformers (a GGUF is dequantized as it loads: float32 on CPU, several times its file size)
     llamacpp  llama.cpp (GGUF only)
 
-Each backend is imported only when chosen: a torch-only install never loads llama_cpp, and serving a GGUF on
-llama.cpp never loads torch or transformers.
+Each backend is one package, imported only when chosen: a torch-only install never loads llama_cpp, and serving
+a GGUF on llama.cpp never loads torch or transformers. Both give the runtime one backend object (loaded.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 from zllm.engine.loaded import LoadedModel
@@ -49,9 +50,7 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason,
                                exact_cache=exact_cache)
-    from zllm.engine.loader import load_model
+    from zllm.engine.torch.loader import load_model
 
     loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)
-    from dataclasses import replace
-
     return replace(loaded, backend_reason=reason)

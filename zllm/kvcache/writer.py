@@ -12,10 +12,19 @@ import logging
 import queue
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # the llama.cpp cache writes through this thread too, without torch
-    from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
+
+class SnapshotJob(Protocol):
+    id: str
+
+
+class SnapshotStore(Protocol):
+    """What the writer asks of an SSD tier (the torch backend's SnapshotStore, llama.cpp's SequenceSnapshots)."""
+
+    def commit(self, job: SnapshotJob) -> None: ...
+
+    def flush_touches(self) -> None: ...
 
 log = logging.getLogger("zllm.kvcache")
 

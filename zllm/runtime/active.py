@@ -5,26 +5,22 @@ the plain-data reports and log lines made from them."""
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.dialects import StreamParser
 from zllm.engine.contract import Logits
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, ZllmError
+from zllm.kvcache.interface import Lease
 from zllm.runtime.fence import Fence
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.report import RequestReport
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep
 from zllm.runtime.turn_output import TurnOutput
-
-if TYPE_CHECKING:
-    from zllm.kvcache.prefix_cache import Lease
 
 log = logging.getLogger("zllm.runtime")
 
@@ -230,14 +226,14 @@ ENGINE_FAILED_MESSAGE = "the engine failed while running the request (details ar
 OUT_OF_MEMORY_MESSAGE = "out of memory while running the request (details are in the zllm daemon log)"
 
 
-def error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int) -> Finished:
+def error_finished(request: EngineRequest, exc: Exception, completion_tokens: int, cached_tokens: int,
+                   out_of_memory: bool = False) -> Finished:
+    """`out_of_memory`: the backend says `exc` is its device running out (engine/loaded.py)."""
     log.exception("request %s failed", request.request_id)
     code = exc.code if isinstance(exc, ZllmError) else EngineFailure.code
     # the client gets what happened, never the exception's text: that is for the log (above)
     message = exc.message if isinstance(exc, ZllmError) else ENGINE_FAILED_MESSAGE
-    torch = sys.modules.get("torch")  # a torch OOM can only come from a process that imported torch
-    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+    if out_of_memory:
         message = OUT_OF_MEMORY_MESSAGE
-        torch.cuda.empty_cache()
     usage = Usage(len(request.prompt_ids), completion_tokens, cached_tokens)
     return Finished(FinishReason.ERROR, usage, error_code=code, error_message=message)

@@ -4,12 +4,15 @@
     stream = await client.submit(request)                              # raises ZllmError before any event
     async for event in stream: ...                                     # TextDelta..., then exactly one Finished
     client.close()                                                     # aborts live requests, stops the thread
-    # or, from an already loaded model: LocalEngineClient(load_model(path, ...), "smollm2", created)
+    # or, from an already loaded model: LocalEngineClient(load_for_backend(path, ...), "smollm2", created)
+
+The backend is one object (engine/loaded.py: engine, tokenizer, facts, prefix cache, drafter): nothing here
+asks which backend serves the model.
 
 Prompt rendering runs in the default thread-pool executor (a 30K-token prompt takes tens of milliseconds to
 tokenize; the event loop must not stall on it), big prompts at most `BIG_PROMPT_SLOTS` at once (each takes
 seconds and several times its size in memory); a prompt whose length proves it cannot fit the window is
-refused before it is tokenized (prompt/length_bound.py). All torch work runs on the engine thread.
+refused before it is tokenized (prompt/length_bound.py). All engine work runs on the engine thread.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
@@ -29,10 +32,10 @@ from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
 from zllm.diagnosis.service import ServedDiagnosis
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
-from zllm.engine.loaded import LoadedModel
+from zllm.engine.loaded import DraftModel, LoadedModel
 from zllm.engine.sampler import SamplingConfig
 from zllm.engine.select import load_for_backend
-from zllm.errors import ConfigError, ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
 from zllm.prompt import (
@@ -45,11 +48,7 @@ from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
-from zllm.runtime.prefix import (
-    build_prefix_cache,
-    cache_config_from_settings,
-    served_model_key,
-)
+from zllm.runtime.prefix import build_prefix_cache, cache_config_from_settings, served_model_key
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
@@ -59,10 +58,6 @@ _T = TypeVar("_T")
 # prompts of more text than this are rendered a few at a time: tokenizing 1M characters takes about a second
 BIG_PROMPT_CHARS = 1 << 20
 BIG_PROMPT_SLOTS = 2
-
-if TYPE_CHECKING:  # torch's: imported where the torch backend needs them, never on the llama.cpp path
-    from zllm.kvcache import PrefixCache
-    from zllm.runtime.draft_model import DraftModel
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
@@ -121,7 +116,7 @@ class LocalEngineClient:
         chunking (runtime/scheduler.py). `draft_model`: drafts for speculative decoding (implies `speculative`).
         `fingerprints`: where cache diagnostics keep prompt fingerprints (None: in memory, for this client's life)."""
         self.loaded = loaded
-        self._owns_engine = owns_engine  # close a backend built at load (llama.cpp) with the client
+        self._owns_engine = owns_engine  # close the backend (its weights, llama.cpp's context) with the client
         self.model_name = model_name
         self.created = created
         self.max_queue = max_queue
@@ -133,28 +128,23 @@ class LocalEngineClient:
         # fingerprints, segments, near-miss explanations: the declared methods below answer with it
         self.diagnosis = ServedDiagnosis(self.renderer, fingerprints)
         _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
-        generation_eos = (loaded.generation_eos if loaded.model is None
-                          else getattr(loaded.model.generation_config, "eos_token_id", None))
         self.stop_token_ids = (model_stop_token_ids(
-            loaded.tokenizer, generation_eos, loaded.text_config.eos_token_id,
+            loaded.tokenizer, loaded.generation_eos, loaded.text_config.eos_token_id,
         ) - single_token_ids(loaded.tokenizer, self.dialect.continues_turn)
         ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
-        vocab_size = loaded.engine.vocab_size if loaded.engine is not None else loaded.text_config.vocab_size
-        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids)
+        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=loaded.vocab_size, stop_token_ids=self.stop_token_ids)
         # checks the dialect's literals against this tokenizer now: a dialect it cannot satisfy fails at startup
         self.markup = self.fences.markup_tokens(self.dialect)
-        if draft_model is not None and loaded.engine is not None:
-            raise ConfigError("--draft-model runs on the torch backend only",
-                              hint="use --speculative (prompt lookup) on llama.cpp, or --backend torch")
-        # the engine seam (engine/contract.py): llama.cpp built at load, or torch over the loaded model
-        runner = loaded.engine if loaded.engine is not None else _torch_runner(loaded)
-        self.prefix_cache: PrefixCache | None = (
-            build_prefix_cache(loaded, runner, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
+        if draft_model is not None:
+            loaded.check_draft_model()
+        self.prefix_cache = (
+            build_prefix_cache(loaded, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
             if prefix_cache else None)
-        self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
+        self.engine = EngineLoop(loaded.engine, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
                                  prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
                                  observer=observer, scheduler=scheduler, draft_model=draft_model,
-                                 hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup))
+                                 hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup),
+                                 out_of_memory=loaded.out_of_memory)
         self.engine.start()
         self._big_prompt_slots = asyncio.Semaphore(BIG_PROMPT_SLOTS)
 
@@ -179,12 +169,8 @@ class LocalEngineClient:
                                   threads=settings.threads, context_length=settings.context_length,
                                   cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
                                   exact_cache=settings.exact_cache)
-        draft = None
-        if settings.draft_model:
-            from zllm.runtime.draft_model import load_draft_model
-
-            draft = load_draft_model(Path(settings.draft_model), loaded.tokenizer, device=str(loaded.device),
-                                     dtype=settings.dtype, threads=settings.threads)
+        draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
+                 if settings.draft_model else None)
         return cls(
             loaded,
             model_name=name or settings.model,
@@ -301,8 +287,8 @@ class LocalEngineClient:
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
         self.engine.shutdown(timeout)
-        if self._owns_engine and self.loaded.engine is not None and not self.engine.alive:
-            self.loaded.engine.close()  # llama.cpp's context and weights: only once the engine thread is gone
+        if self._owns_engine and not self.engine.alive:
+            self.loaded.close()  # llama.cpp's context and weights: only once the engine thread is gone
         self.diagnosis.close()
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
@@ -365,8 +351,3 @@ def _sampling_config(request: ChatRequest) -> SamplingConfig:
     params = request.sampling
     return SamplingConfig(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
 
-
-def _torch_runner(loaded: LoadedModel):
-    from zllm.engine.runner import ModelRunner
-
-    return ModelRunner(loaded.model)

@@ -8,7 +8,7 @@
     (RequestStream iterates it)    threadsafe       detokenize/stop → dialect parser → emit → its token
                                                   (or a speculative draft) joins the step's forward
                                                   prefilling: a chunk of its prompt joins the step's forward
-                                                one forward for all rows (engine/packed.py), each row on its
+                                                one forward for all rows (engine/torch/packed.py), each row on its
                                                 own KV cache; rows leave when they end, waiting ones join
 
 Continuous batching: rows start from different cache states (cold, a device hit, an SSD restore), keep their
@@ -37,13 +37,14 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from zllm.canonical import Event, Finished, FinishReason, Usage
 from zllm.engine.contract import Engine, Logits, Row
+from zllm.engine.loaded import DraftModel
 from zllm.engine.sampler import Sampler
 from zllm.errors import Overloaded
 from zllm.kvcache import request_namespace
+from zllm.kvcache.interface import PrefixCache
 from zllm.runtime.active import ActiveRequest, EngineRequest, error_finished, log_finished, request_report
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.fence import sample_fenced
@@ -54,10 +55,6 @@ from zllm.runtime.scheduler import SchedulerConfig, WaitingLine, WaitingRequest,
 from zllm.runtime.speculative import DraftPlan, SpeculativeRun, SpeculativeStep
 from zllm.runtime.stops import StopTokens
 from zllm.runtime.turn_output import PlainTextParser, TurnOutput
-
-if TYPE_CHECKING:  # both import torch; the llama.cpp path never needs them
-    from zllm.kvcache import PrefixCache
-    from zllm.runtime.draft_model import DraftModel
 
 __all__ = ["ActiveRequest", "EngineLoop", "EngineRequest"]
 
@@ -94,6 +91,7 @@ class EngineLoop:
         hidden_ids: frozenset[int] = frozenset(),
         scheduler: SchedulerConfig | None = None,
         draft_model: DraftModel | None = None,
+        out_of_memory: Callable[[BaseException], bool] = lambda exc: False,
     ):
         self.engine = runner  # the engine seam (engine/contract.py): torch or llama.cpp
         self.prefix_cache = prefix_cache
@@ -106,6 +104,7 @@ class EngineLoop:
         self._token_text = raw_decoder(tokenizer, skip_special_tokens=False)
         self._model_stop_ids = model_stop_ids
         self._threads = threads
+        self._out_of_memory = out_of_memory  # the backend's: whether an exception says its device ran out
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._live: set[EngineRequest] = set()  # submitted and not yet finished
@@ -282,7 +281,7 @@ class EngineLoop:
     def _fail_start(self, request: EngineRequest, lease, exc: Exception) -> None:
         if lease is not None:
             self.prefix_cache.release(lease)
-        self._finish(request, error_finished(request, exc, 0, 0))
+        self._finish(request, error_finished(request, exc, 0, 0, self._out_of_memory(exc)))
 
     def _step(self) -> None:
         """One forward for every row: decoding rows sample first (their token is what they feed), prefilling
@@ -420,7 +419,8 @@ class EngineLoop:
         self._observe(request_report("finished", request, active, finished))
 
     def _error(self, active: ActiveRequest, exc: Exception) -> Finished:
-        return error_finished(active.request, exc, active.output.completion_tokens, active.cached_tokens)
+        return error_finished(active.request, exc, active.output.completion_tokens, active.cached_tokens,
+                              self._out_of_memory(exc))
 
     def _observe(self, report: RequestReport) -> None:
         if self._observer is None:

@@ -10,7 +10,7 @@ through numpy: where most tokens are allowed (inside a JSON string), unpack the 
 `copyto(where=)` -inf; where few are (structure, markup), gather the allowed logits, fill the row with -inf
 and put them back. Faster than torch ops and than llguidance.torch's compiled kernel, which also needs a
 torch.compile warm-up (bench/fence.py). Torch tensors on other devices or dtypes unpack with shifts on the
-logits' device (engine/torch_sampling.py, imported only for them).
+logits' device (the kernels their backend registered: engine/sampler.py, engine/torch/sampling.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from zllm.engine.sampler import kernels_for
 
 _BIT_OFFSETS = np.arange(32)
 # below 1 nonzero word in this many, keeping the allowed logits beats masking the disallowed ones
@@ -32,17 +34,11 @@ def mask_logits(logits: Any, words: np.ndarray) -> None:
     covered = min(vocab, words.shape[-1] * 32)
     if covered < vocab:  # logits wider than the tokenizer llguidance saw: those ids never exist
         logits[..., covered:] = float("-inf")
-    host = logits if isinstance(logits, np.ndarray) else _torch().host_view(logits)
+    host = logits if isinstance(logits, np.ndarray) else kernels_for(logits).host_view(logits)
     if host is not None:
         _mask_cpu(host, words, covered)
     else:
-        _torch().mask_logits(logits, words, covered)
-
-
-def _torch():
-    from zllm.engine import torch_sampling
-
-    return torch_sampling
+        kernels_for(logits).mask_logits(logits, words, covered)
 
 
 def _mask_cpu(logits: np.ndarray, words: np.ndarray, covered: int) -> None:

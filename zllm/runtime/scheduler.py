@@ -7,7 +7,7 @@ The engine loop (engine_loop.py) gathers the facts (what waits and for how long,
 the cache and how much room it has), asks these functions, and carries the answer out. Nothing here touches a
 model, a cache or a clock, so every rule below is a unit test (tests/unit/runtime/test_scheduler.py).
 
-Every engine step is one forward over the rows' tokens (engine/packed.py): one token per decoding row (or a
+Every engine step is one forward over the rows' tokens (engine/torch/packed.py): one token per decoding row (or a
 speculative draft), plus prefill chunks of rows whose prompt is not in their cache yet. The policy:
 
 - **Batch size**: at most `max_batch` rows run together; the rest wait in arrival order.

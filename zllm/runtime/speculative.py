@@ -170,7 +170,7 @@ class SpeculativeStep:
     # the ids the loop's output path ends the request on (model + request stop tokens), never drafted past
     stop_token_ids: frozenset[int] = frozenset()
     stats: SpeculationStats = field(default_factory=SpeculationStats)
-    # drafts from a draft model (runtime/draft_model.py) instead of prompt lookup; same interface
+    # drafts from a draft model (engine/torch/draft_model.py) instead of prompt lookup, through the same interface
     drafter: Drafter | None = None
     lookup: Drafter = field(init=False)
     _residual: Logits | None = field(init=False, default=None)

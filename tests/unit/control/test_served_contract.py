@@ -17,7 +17,7 @@ from zllm.control.methods import ControlMethods, DaemonFacts
 from zllm.control.protocol import LoadedModelInfo
 from zllm.control.served import ServedCache, ServedEngine
 from zllm.kvcache import CacheConfig
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.trace import LogHub, TraceHub
 
 MODEL = "tiny"
@@ -44,7 +44,7 @@ ENTRY_KEYS = {"tier", "id", "namespace", "tokens", "prompt_tokens", "bytes", "ro
 def served(request, tmp_path):
     """(backend, a LocalEngineClient with a device and an SSD tier, that has answered one request)."""
     loaded = load_tiny("qwen3", request.param, context_length=512)
-    budget = loaded.engine.kv_bytes if loaded.engine is not None else 16 << 20
+    budget = loaded.device_cache_budget(16)  # llama.cpp: its KV pool, sized at load
     config = CacheConfig(device_budget_bytes=budget, ssd_dir=tmp_path / "kv", ssd_min_tokens=1)
     client = LocalEngineClient(loaded, MODEL, 1, cache_config=config, owns_engine=True)
     try:

@@ -19,7 +19,7 @@ from zllm.canonical import (
 )
 from zllm.dialects.base import Conversation
 from zllm.dialects.dsml.dialect import DeepSeekV32Dsml
-from zllm.engine.loader import load_model
+from zllm.engine.torch.loader import load_model
 
 WEATHER = FunctionTool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})
 

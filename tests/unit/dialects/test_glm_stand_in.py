@@ -14,7 +14,7 @@ from tests.support.glm_models import (
     glm_tokenizer,
     tiny_glm_dir,
 )
-from zllm.engine.loader import load_model
+from zllm.engine.torch.loader import load_model
 
 
 def test_glm_tags_are_single_tokens_and_only_framing_is_special():

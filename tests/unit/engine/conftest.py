@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.support.tiny_models import tiny_llama_dir, tiny_qwen_dir
-from zllm.engine import load_model
+from zllm.engine.torch.loader import load_model
 
 torch.set_num_threads(1)  # 2 shared cores on this machine
 

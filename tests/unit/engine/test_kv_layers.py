@@ -2,8 +2,14 @@
 
 import torch
 
-from zllm.engine.kv_layers import PreallocatedLayer, cache_buffers, cache_state, supports_working_buffers, working_cache
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.kv_layers import (
+    PreallocatedLayer,
+    cache_buffers,
+    cache_state,
+    supports_working_buffers,
+    working_cache,
+)
+from zllm.engine.torch.runner import ModelRunner
 
 IDS = list(range(2000, 2090))
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from tests.support.tiny_models import tiny_llama_dir
-from zllm.engine.loader import load_model, resolve_device, resolve_dtype
-from zllm.engine.packed import PACKED_ATTENTION
+from zllm.engine.torch.loader import load_model, resolve_device, resolve_dtype
+from zllm.engine.torch.packed import PACKED_ATTENTION
 from zllm.errors import ConfigError
 
 

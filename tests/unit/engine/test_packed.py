@@ -1,4 +1,4 @@
-"""Packed forwards (engine/packed.py): several rows' tokens in one forward give each row exactly the logits and
+"""Packed forwards (engine/torch/packed.py): several rows' tokens in one forward give each row exactly the logits and
 the KV it would get from its own forward, whatever mix of cache states and token counts the batch holds, and no
 row ever sees another row's tokens. A model that cannot be packed (DeepSeek's MLA) is detected, and the runner's
 per-row fallback serves the same rows correctly."""
@@ -13,10 +13,10 @@ import torch
 
 from tests.support.deepseek_models import tiny_deepseek_dir
 from tests.support.glm_models import tiny_glm_dir
-from zllm.engine import load_model
-from zllm.engine.kv_layers import working_cache
-from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.kv_layers import working_cache
+from zllm.engine.torch.loader import load_model
+from zllm.engine.torch.packed import Segment, packed_forward, supports_packing, use_packed_attention
+from zllm.engine.torch.runner import ModelRunner
 
 ATOL = 1e-4  # fp32: separate and packed forwards differ only in matmul shapes
 

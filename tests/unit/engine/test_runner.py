@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.runner import ModelRunner
 
 PROMPT = [9707, 1879, 0, 151645, 198, 151644, 77091, 198]  # "Hello world!<|im_end|>\n<|im_start|>assistant\n"
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from zllm.engine import host_sampling, torch_sampling
+from zllm.engine import host_sampling
 from zllm.engine.sampler import Sampler, SamplingConfig
+from zllm.engine.torch import sampling as torch_sampling
 
 VOCAB = 151936
 CONFIGS = [SamplingConfig(0.7), SamplingConfig(1.0, top_k=40), SamplingConfig(1.3, top_p=0.9),

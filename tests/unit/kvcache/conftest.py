@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from zllm.kvcache.state import KVLayout, KVState
+from zllm.engine.torch.cache.state import KVLayout, KVState
 
 torch.set_num_threads(1)  # 2 shared cores on this machine
 

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.kvcache.pool import BufferPool
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 from zllm.kvcache.ssd_index import unpack_tokens
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 
 BUDGET = 1 << 20  # ~20 snapshots: eviction (row delete, then file delete) runs, and gets killed, too
 STAGES = ("blob-written", "blob-renamed", "dir-synced", "indexed")

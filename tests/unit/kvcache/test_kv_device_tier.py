@@ -3,8 +3,8 @@
 import random
 
 from tests.unit.kvcache.conftest import random_tokens, synthetic_state
-from zllm.kvcache.device_tier import DeviceTier
-from zllm.kvcache.state import state_tensors, storage_bytes
+from zllm.engine.torch.cache.device_tier import DeviceTier
+from zllm.engine.torch.cache.state import state_tensors, storage_bytes
 
 BPT = 512  # bytes per token of the synthetic layout
 NS = "ns"

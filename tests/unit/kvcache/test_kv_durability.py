@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
 
 TOKENS = random_tokens(300)
 

@@ -9,8 +9,9 @@ import random
 import pytest
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.kvcache.state import copy_into, slice_state, state_tensors, storage_bytes
+from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.engine.torch.cache.state import copy_into, slice_state, state_tensors, storage_bytes
+from zllm.kvcache import CacheConfig
 
 BPT = 512
 

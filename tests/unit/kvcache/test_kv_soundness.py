@@ -5,9 +5,9 @@ import logging
 import sqlite3
 
 from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore
 from zllm.kvcache.soundness import GENERATION_LIMIT, generation_of
 from zllm.kvcache.ssd_index import pack_tokens
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
 
 SUFFIXES = (".safetensors", ".tmp")
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.kvcache import ssd_format
-from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.engine.torch.cache import ssd_format
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 
 BPT = 512
 

@@ -10,10 +10,17 @@ import pytest
 from safetensors import safe_open
 
 from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_format import CHUNK_TOKENS, MAX_CHECKSUMS, MAX_HEADER_BYTES, SnapshotInvalid, chunk_tokens_for
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.engine.torch.cache.ssd_format import (
+    CHUNK_TOKENS,
+    MAX_CHECKSUMS,
+    MAX_HEADER_BYTES,
+    SnapshotInvalid,
+    chunk_tokens_for,
+)
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.kvcache import CacheConfig
 
 TOKENS = random_tokens(200)
 

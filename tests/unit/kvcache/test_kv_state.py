@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.unit.kvcache.conftest import LAYOUT, synthetic_state
-from zllm.kvcache.state import clone_state, common_prefix_length, slice_state, state_tensors, storage_bytes
+from zllm.engine.torch.cache.state import clone_state, common_prefix_length, slice_state, state_tensors, storage_bytes
 
 
 def test_layout_bytes_per_token_matches_the_tensors() -> None:

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
-from zllm.kvcache import sequence_snapshots, ssd_format
+from zllm.engine.torch.cache import ssd_format
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore
+from zllm.kvcache import sequence_snapshots
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots, blob_file
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore
 
 STEPS = ("blob-write", "blob-fsync", "rename", "dir-fsync", "index-insert", "index-commit")
 

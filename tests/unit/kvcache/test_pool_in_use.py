@@ -7,9 +7,10 @@ here they are checked against the pool and the tier directly.
 import random
 
 from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
-from zllm.kvcache import CacheConfig, PrefixCache
-from zllm.kvcache.pool import CAPACITY_QUANTUM, BufferPool
-from zllm.kvcache.state import copy_into, slice_state
+from zllm.engine.torch.cache.pool import CAPACITY_QUANTUM, BufferPool
+from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.engine.torch.cache.state import copy_into, slice_state
+from zllm.kvcache import CacheConfig
 
 BPT = LAYOUT.bytes_per_token
 SET_BYTES = CAPACITY_QUANTUM * BPT  # one working set of the smallest capacity

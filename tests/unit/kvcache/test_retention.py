@@ -6,10 +6,10 @@ import random
 
 from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
 from tests.unit.kvcache.test_kv_ssd_store import job
-from zllm.kvcache.device_tier import DeviceTier
+from zllm.engine.torch.cache.device_tier import DeviceTier
+from zllm.engine.torch.cache.ssd_tier import SnapshotStore
 from zllm.kvcache.retention import LIVE_S, Newcomer, main_conversations, next_eviction
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
-from zllm.kvcache.ssd_tier import SnapshotStore
 
 BPT = 512  # bytes per token of the synthetic layout
 NS = "ns"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from zllm.engine.torch.cache.state import common_prefix_length
 from zllm.kvcache.row_index import BLOCK, RowTable
 from zllm.kvcache.ssd_index import pack_tokens
-from zllm.kvcache.state import common_prefix_length
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from tests.support.tiny_models import tiny_qwen_dir
-from zllm.engine import ModelRunner, load_model
+from zllm.engine.torch.loader import load_model
+from zllm.engine.torch.runner import ModelRunner
 
 torch.set_num_threads(1)  # 2 shared cores on this machine
 

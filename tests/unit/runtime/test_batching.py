@@ -37,11 +37,12 @@ from zllm.canonical import (
     ToolChoice,
     Usage,
 )
-from zllm.engine.runner import ModelRunner
-from zllm.kvcache import CacheConfig, KVLayout
-from zllm.kvcache.pool import CAPACITY_QUANTUM, round_capacity
-from zllm.runtime import LocalEngineClient
-from zllm.runtime.draft_model import DraftModel
+from zllm.engine.torch.cache.pool import CAPACITY_QUANTUM, round_capacity
+from zllm.engine.torch.cache.state import KVLayout
+from zllm.engine.torch.draft_model import DraftModel
+from zllm.engine.torch.runner import ModelRunner
+from zllm.kvcache import CacheConfig
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
@@ -163,8 +164,7 @@ def served_models(tiny_qwen):
 
     yield get
     for loaded in models.values():
-        if loaded.engine is not None:
-            loaded.engine.close()
+        loaded.close()
 
 
 @pytest.fixture

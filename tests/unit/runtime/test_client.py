@@ -9,7 +9,7 @@ import torch
 from tests.support.tiny_models import scripted_output
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, TextDelta
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.scheduler import SchedulerConfig
 
 MODEL = "tiny"

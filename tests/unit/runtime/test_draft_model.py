@@ -34,9 +34,9 @@ from tests.support.tiny_models import (
     tiny_qwen_dir,
     tiny_qwen_tokenizer,
 )
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.draft_model import DraftModel, DraftModelDrafter, load_draft_model
+from zllm.engine.torch.runner import ModelRunner
 from zllm.errors import ConfigError
-from zllm.runtime.draft_model import DraftModel, DraftModelDrafter, load_draft_model
 from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep

@@ -12,8 +12,8 @@ import torch
 
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar
-from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
+from zllm.engine.torch.runner import ModelRunner
 from zllm.errors import ConfigError, InvalidRequest
 from zllm.runtime.fence import FenceCompiler, FenceViolation, sample_fenced
 from zllm.runtime.fence_mask import mask_logits

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.tiny_models import scripted_output
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, TextDelta
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 
 @pytest.fixture

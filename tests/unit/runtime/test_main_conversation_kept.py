@@ -23,7 +23,7 @@ import pytest
 from tests.support.backends import BACKENDS, load_tiny
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams
 from zllm.kvcache import CacheConfig
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 MODEL = "tiny"
 WINDOW = 4096

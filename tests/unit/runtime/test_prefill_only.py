@@ -19,7 +19,7 @@ from tests.support.step_tap import StepTap
 from zllm.cache_views import Tier
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, Usage
 from zllm.kvcache import CacheConfig
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 from zllm.runtime.scheduler import SchedulerConfig
 
 MODEL = "tiny"

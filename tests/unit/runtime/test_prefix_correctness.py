@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from zllm.engine.kv_layers import cache_state
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.kv_layers import cache_state
+from zllm.engine.torch.runner import ModelRunner
 from zllm.kvcache import CacheConfig
 from zllm.runtime.prefix import build_prefix_cache
 
@@ -56,7 +56,7 @@ def runner(tiny_qwen) -> ModelRunner:
 
 
 def test_device_tier_hits_equal_full_prefill(tiny_qwen, runner) -> None:
-    cache = build_prefix_cache(tiny_qwen, runner, CacheConfig(device_budget_bytes=64 << 20))
+    cache = build_prefix_cache(tiny_qwen, CacheConfig(device_budget_bytes=64 << 20))
     with torch.inference_mode():
         keep(cache, runner, BASE, "base")
         check_restores(cache, runner, "device")
@@ -66,11 +66,11 @@ def test_device_tier_hits_equal_full_prefill(tiny_qwen, runner) -> None:
 
 def test_ssd_tier_hits_equal_full_prefill_after_a_restart(tiny_qwen, runner, tmp_path) -> None:
     config = CacheConfig(device_budget_bytes=64 << 20, ssd_dir=tmp_path / "kv", ssd_min_tokens=1)
-    first = build_prefix_cache(tiny_qwen, runner, config)
+    first = build_prefix_cache(tiny_qwen, config)
     with torch.inference_mode():
         keep(first, runner, BASE, "base")
     first.close()  # drains the writer
-    restarted = build_prefix_cache(tiny_qwen, runner, config)
+    restarted = build_prefix_cache(tiny_qwen, config)
     with torch.inference_mode():
         check_restores(restarted, runner, "ssd")
     restarted.check_integrity()

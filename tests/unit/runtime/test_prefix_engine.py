@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from zllm.canonical import ChatRequest, Finished, FinishReason, Message, SamplingParams, TextDelta
-from zllm.engine.runner import ModelRunner
+from zllm.engine.torch.cache.state import state_tensors, storage_bytes
+from zllm.engine.torch.runner import ModelRunner
 from zllm.kvcache import CacheConfig
-from zllm.kvcache.state import state_tensors, storage_bytes
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 MODEL = "tiny"
 SYSTEM = "You are a careful coding agent. " * 8

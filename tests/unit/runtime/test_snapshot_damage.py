@@ -24,7 +24,7 @@ import pytest
 from tests.support.backends import BACKENDS, tiny_qwen3_per_backend
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams, TextDelta
 from zllm.kvcache import CacheConfig, ssd_index
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 MODEL = "tiny"
 # two conversations sharing no prefix worth a restore: the second's snapshot cannot stand in for the first's

@@ -28,9 +28,9 @@ from tests.support.speculation import (
 )
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
 from zllm.canonical import Finished
-from zllm.engine.kv_layers import crop_to, working_cache
-from zllm.engine.runner import ModelRunner
 from zllm.engine.sampler import Sampler, SamplingConfig
+from zllm.engine.torch.kv_layers import crop_to, working_cache
+from zllm.engine.torch.runner import ModelRunner
 from zllm.engine.verify import sample_from, sampled_accepts, sampling_probs
 from zllm.kvcache import CacheConfig
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
@@ -315,7 +315,7 @@ def test_the_engine_loop_streams_the_plain_output_and_keeps_the_plain_cache(tiny
 def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
     runner = ModelRunner(tiny_qwen.model)
     config = CacheConfig(device_budget_bytes=64 << 20)
-    prefix_cache = build_prefix_cache(tiny_qwen, runner, config) if cached else None
+    prefix_cache = build_prefix_cache(tiny_qwen, config) if cached else None
     engine = EngineLoop(runner, tiny_qwen.tokenizer, STOP_IDS, prefix_cache=prefix_cache)
     events, done = [], threading.Event()
 

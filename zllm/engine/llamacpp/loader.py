@@ -19,11 +19,16 @@ the context window (at least 8K tokens, at most 64K), so one full-window request
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
-from zllm.engine.llamacpp.backend import (EXACT_ATTENTION, FAST_ATTENTION, ContextSettings, LlamaCppEngine,
-                                          read_quantization)
-from zllm.engine.loaded import LoadedModel, _context_length
+from zllm.engine.llamacpp.backend import (
+    EXACT_ATTENTION,
+    FAST_ATTENTION,
+    ContextSettings,
+    LlamaCppEngine,
+    read_quantization,
+)
+from zllm.engine.llamacpp.model import LlamaCppModel, ModelConfig
+from zllm.engine.loaded import window_length
 from zllm.errors import ConfigError
 from zllm.model_files import GGUF_FILE
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
@@ -34,24 +39,23 @@ MIN_CELLS, MAX_CELLS = 8192, 65536
 
 def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
-                    gpu_layers: int = -1, exact_cache: bool = True) -> LoadedModel:
+                    gpu_layers: int = -1, exact_cache: bool = True) -> LlamaCppModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
         raise ConfigError(f"{path} holds no {GGUF_FILE}", hint="the llama.cpp backend serves GGUF models")
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
-    window = _context_length(config, context_length)
+    window = window_length(config, context_length)
     exact = exact_cache and LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
     attention = EXACT_ATTENTION if exact else FAST_ATTENTION
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
         max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
         flash_attention=attention.flash_attention, kv_type=attention.kv_type))
-    return LoadedModel(path=path, model=None, tokenizer=tokenizer, device="cpu",
-                       dtype=read_quantization(engine), context_length=window, threads=threads,
-                       backend="llamacpp", backend_reason=reason, engine=engine, model_config=config,
-                       generation_eos=_generation_eos(path))
+    return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
+                         quantization=read_quantization(engine), context_length=window, threads=threads,
+                         backend_reason=reason, generation_eos=_generation_eos(path))
 
 
 def _cells(window: int, cache_budget_mb: int, gguf: Path, kv_type: int) -> int:
@@ -65,18 +69,3 @@ def _generation_eos(path: Path):
     """The generation config's EOS id(s); None without a generation_config.json (the config's own apply)."""
     return read_model_json(path / "generation_config.json").get("eos_token_id")
 
-
-class ModelConfig(SimpleNamespace):
-    """config.json as attributes: what the runtime reads of a model's config (`architectures`, and through
-    `get_text_config()` `eos_token_id`, `vocab_size`, `max_position_embeddings`), as transformers' config
-    answers it (a multimodal config keeps the language model's under `text_config`)."""
-
-    @classmethod
-    def from_dir(cls, path: Path) -> ModelConfig:
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{path} is not a model directory (no config.json)")
-        return cls(**read_model_json(path / "config.json"))
-
-    def get_text_config(self) -> ModelConfig:
-        text = getattr(self, "text_config", None)
-        return ModelConfig(**text) if isinstance(text, dict) else self

@@ -11,8 +11,8 @@ import torch
 from tests.support.http_server import ThreadedServer
 from tests.support.tiny_models import scripted_output, tiny_qwen_dir
 from zllm.api import create_app
-from zllm.engine import load_model
-from zllm.runtime import LocalEngineClient
+from zllm.engine.torch.loader import load_model
+from zllm.runtime.client import LocalEngineClient
 
 torch.set_num_threads(1)
 

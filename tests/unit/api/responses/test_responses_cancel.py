@@ -174,8 +174,8 @@ def test_cancel_ends_a_websocket_response_and_the_socket_stays_usable(server, en
 
 @pytest.fixture
 def tiny_served():
-    from zllm.engine.loader import load_model
-    from zllm.runtime import LocalEngineClient
+    from zllm.engine.torch.loader import load_model
+    from zllm.runtime.client import LocalEngineClient
 
     reports = []
     loaded = load_model(tiny_qwen_dir(), device="cpu", dtype="float32", threads=1)

@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from zllm.kvcache.state import KVLayout, KVState, state_tensors, storage_bytes
+from zllm.engine.torch.cache.state import KVLayout, KVState, state_tensors, storage_bytes
 
 # capacities are rounded up so that slightly longer requests reuse the same buffers
 CAPACITY_QUANTUM = 1024

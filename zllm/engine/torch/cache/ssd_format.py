@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import xxhash
 
+from zllm.engine.torch.cache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name
 from zllm.kvcache.ssd_index import SnapshotInvalid
-from zllm.kvcache.state import DTYPES_BY_NAME, KVLayout, KVState, dtype_name
 
 FORMAT = "zllm-kv-2"
 MAX_HEADER_BYTES = 1 << 20  # 1 MiB: thousands of layers' entries; anything larger is not ours

@@ -29,12 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
+from zllm.engine.torch.cache.ssd_maintenance import Maintenance
+from zllm.engine.torch.cache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
 from zllm.kvcache.blob_commit import commit_blob
-from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.ssd_format import SnapshotInvalid, read_header, read_range_into, staging_bytes, write_blob
 from zllm.kvcache.ssd_index import SnapshotRow, blob_name, open_index, pack_tokens, token_sha256
-from zllm.kvcache.ssd_maintenance import Maintenance
-from zllm.kvcache.state import KVLayout, KVState, common_prefix_length, seq_len, slice_state
 from zllm.private_files import private_dir
 
 log = logging.getLogger("zllm.kvcache")
@@ -269,8 +271,6 @@ class SnapshotStore(Maintenance):
 
 def _gather(sources: tuple[tuple[int, KVState], ...], start: int, stop: int) -> KVState:
     """Tokens [start, stop) of the concatenated sources, as one fresh state on the CPU."""
-    import torch
-
     pieces = []
     for piece_start, span in sources:
         lo, hi = max(start, piece_start), min(stop, piece_start + seq_len(span))

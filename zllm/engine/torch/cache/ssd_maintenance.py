@@ -12,11 +12,11 @@ import sqlite3
 import time
 
 from zllm.cache_views import SsdStats
+from zllm.engine.torch.cache.ssd_format import SnapshotInvalid, read_header
 from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import remove, set_aside
 from zllm.kvcache.soundness import RowCheck, descendants, recover
-from zllm.kvcache.ssd_format import SnapshotInvalid, read_header
 from zllm.kvcache.ssd_index import SnapshotRow
 
 log = logging.getLogger("zllm.kvcache")

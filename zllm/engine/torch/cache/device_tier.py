@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zllm.kvcache.radix import Match, Node, RadixTree
+from zllm.engine.torch.cache.radix import Match, Node, RadixTree
+from zllm.engine.torch.cache.state import KVState, state_tensors, storage_bytes
 from zllm.kvcache.retention import Eviction, Newcomer, next_eviction
-from zllm.kvcache.state import KVState, state_tensors, storage_bytes
 
 MAX_ENTRIES = 4096  # zero-byte duplicates (identical retries) must not accumulate without bound
 

@@ -28,9 +28,10 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from zllm.diagnosis.segments import shared_prefix_length
-from zllm.engine.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
-from zllm.engine.loader import LoadedModel, load_model
-from zllm.engine.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
+from zllm.engine.torch.backend import TorchModel
+from zllm.engine.torch.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
+from zllm.engine.torch.loader import load_model
+from zllm.engine.torch.runner import DEFAULT_PREFILL_CHUNK, ModelRunner
 from zllm.errors import ConfigError
 
 # prompt tokens a draft model sees (the most recent ones; see DraftModel.drafter_for)
@@ -58,7 +59,7 @@ class DraftModel:
     path: Path | None = None
 
     @classmethod
-    def for_target(cls, loaded: LoadedModel, target_tokenizer: PreTrainedTokenizerBase, *,
+    def for_target(cls, loaded: TorchModel, target_tokenizer: PreTrainedTokenizerBase, *,
                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> DraftModel:
         """Check that `loaded` can draft for a model with `target_tokenizer` (ConfigError if not)."""
         # a drafter runs one sequence at a time: no packing probe (forwards at startup, attention switched)
@@ -87,7 +88,7 @@ def load_draft_model(path: str | Path, target_tokenizer: PreTrainedTokenizerBase
     return DraftModel.for_target(load_model(path, device=device, dtype=dtype, threads=threads), target_tokenizer)
 
 
-def embedding_rows(loaded: LoadedModel) -> int:
+def embedding_rows(loaded: TorchModel) -> int:
     return loaded.model.get_input_embeddings().num_embeddings
 
 

@@ -26,16 +26,16 @@ from functools import partial
 import torch
 
 from zllm.cache_views import STORE_TIERS, CacheEntry, CacheStats, PruneCounts, Tier
+from zllm.engine.torch.cache.device_tier import DeviceLookup, DeviceTier, Entry
+from zllm.engine.torch.cache.pool import BufferPool
+from zllm.engine.torch.cache.radix import Match, Node
+from zllm.engine.torch.cache.ssd_format import SnapshotInvalid
+from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.engine.torch.cache.state import KVLayout, KVState, clone_state, copy_into, slice_state
 from zllm.diagnosis.near_miss import NearMiss
 from zllm.kvcache.config import CacheConfig
-from zllm.kvcache.device_tier import DeviceLookup, DeviceTier, Entry
-from zllm.kvcache.pool import BufferPool
-from zllm.kvcache.radix import Match, Node
 from zllm.kvcache.retention import Newcomer
-from zllm.kvcache.ssd_format import SnapshotInvalid
 from zllm.kvcache.ssd_index import unpack_tokens
-from zllm.kvcache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
-from zllm.kvcache.state import KVLayout, KVState, clone_state, copy_into, slice_state
 from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
 
 log = logging.getLogger("zllm.kvcache")

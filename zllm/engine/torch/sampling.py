@@ -4,12 +4,14 @@ GPU are sampled and masked there, with no copy to the host per token (the chosen
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 
 from zllm.engine.host_sampling import MIN_EXPONENTIAL
+from zllm.engine.sampler import register_kernels
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -89,3 +91,6 @@ def host_view(logits: torch.Tensor) -> np.ndarray | None:
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
         return logits.numpy()
     return None
+
+
+register_kernels(torch.Tensor, sys.modules[__name__])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from zllm.kvcache.state import (
+from zllm.engine.torch.cache.state import (
     KVState,
     clone_state,
     common_prefix_length,

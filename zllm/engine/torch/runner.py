@@ -18,9 +18,15 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from zllm.engine.contract import KeptState, Row
-from zllm.engine.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
-from zllm.engine.loader import apply_threads
-from zllm.engine.packed import Segment, packed_forward, supports_packing, use_packed_attention
+from zllm.engine.torch.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
+from zllm.engine.torch.packed import Segment, packed_forward, supports_packing, use_packed_attention
+
+
+def apply_threads(threads: int) -> None:
+    """torch's intra-op thread count; call it on every thread that runs torch work (it is per thread for OpenMP)."""
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
 
 # Long prompts are prefilled in chunks: bounds activation memory (the MLP of a 30K-token forward is GBs) and
 # gives the caller a point between chunks to notice an abort.
@@ -31,7 +37,7 @@ class ModelRunner:
     """The torch backend of the engine seam (engine/contract.py). Runs `model` forward for one sequence, or for
     several rows packed into one forward (`forward_rows`). Owns no per-request state.
 
-    `packing` None: probe the model (engine/packed.py) and pack when packed forwards equal separate ones;
+    `packing` None: probe the model (engine/torch/packed.py) and pack when packed forwards equal separate ones;
     a model that cannot be packed still serves several rows, one forward per row."""
 
     def __init__(self, model: PreTrainedModel, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,

@@ -1,4 +1,5 @@
-"""Load a model directory (safetensors + config + tokenizer, as `save_pretrained` writes it) for inference.
+"""Load a model directory (safetensors + config + tokenizer, as `save_pretrained` writes it) for inference:
+the torch backend's object for the runtime (backend.TorchModel).
 
 `device="auto"` picks cuda when present, else cpu; `dtype="auto"` picks bfloat16 on cuda and float32 on cpu
 (bf16 matmuls are much slower on AVX2 CPUs, see design/PERF.md). Attention is SDPA.
@@ -12,8 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-from zllm.engine.loaded import GGUF_FILE, LoadedModel, _context_length
+from zllm.engine.loaded import window_length
+from zllm.engine.torch.backend import TorchModel
+from zllm.engine.torch.runner import apply_threads
 from zllm.errors import ConfigError
+from zllm.model_files import GGUF_FILE
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,12 +38,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def apply_threads(threads: int) -> None:
-    """torch's intra-op thread count; call it on every thread that runs torch work (it is per thread for OpenMP)."""
-    if threads > 0 and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-
-
 def load_model(
     path: str | Path,
     *,
@@ -47,7 +45,7 @@ def load_model(
     dtype: str = "auto",
     threads: int = 0,
     context_length: int = 0,
-) -> LoadedModel:
+) -> TorchModel:
     """Load `path` for inference. `context_length=0` means the model's own max_position_embeddings."""
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -62,13 +60,13 @@ def load_model(
     gguf = {"gguf_file": GGUF_FILE} if (path / GGUF_FILE).is_file() else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa", **gguf)
     model.to(torch_device).eval()
-    return LoadedModel(
+    return TorchModel(
         path=path,
         model=model,
         tokenizer=tokenizer,
         device=torch_device,
         dtype=torch_dtype,
-        context_length=_context_length(model, context_length),
+        context_length=window_length(model.config, context_length),
         threads=threads,
         backend_reason="safetensors weights run on transformers" if not gguf else "--backend torch (GGUF dequantized)",
     )

@@ -1,0 +1,92 @@
+"""`LlamaCppModel`: the llama.cpp backend's object for the runtime (engine/loaded.py) — a GGUF on llama.cpp as it
+is, its engine (built at load: llama.cpp holds the weights itself), its prefix cache over the engine's sequences.
+
+Torch-free: the tokenizer is prompt/tokenizer_files.TokenizerFiles and the config is config.json read as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
+
+from zllm.engine.llamacpp.backend import LlamaCppEngine
+from zllm.engine.loaded import LoadedModel, Weights
+from zllm.errors import ConfigError
+from zllm.kvcache.config import CacheConfig
+from zllm.kvcache.sequence_cache import SequencePrefixCache
+from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
+
+log = logging.getLogger("zllm.runtime")
+
+MiB = 1 << 20
+
+
+class ModelConfig(SimpleNamespace):
+    """config.json as attributes: what the runtime reads of a model's config (`architectures`, and through
+    `get_text_config()` `eos_token_id`, `vocab_size`, `max_position_embeddings`), as transformers' config
+    answers it (a multimodal config keeps the language model's under `text_config`)."""
+
+    @classmethod
+    def from_dir(cls, path: Path) -> ModelConfig:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is not a model directory (no config.json)")
+        return cls(**read_model_json(path / "config.json"))
+
+    def get_text_config(self) -> ModelConfig:
+        text = getattr(self, "text_config", None)
+        return ModelConfig(**text) if isinstance(text, dict) else self
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LlamaCppModel(LoadedModel):
+    backend: ClassVar[str] = "llamacpp"
+    path: Path
+    engine: LlamaCppEngine
+    tokenizer: TokenizerFiles
+    model_config: ModelConfig
+    quantization: str  # the GGUF's (read_quantization)
+    context_length: int
+    threads: int = 0
+    backend_reason: str = "GGUF weights run on llama.cpp"
+    generation_eos: int | list[int] | None = None
+    device: str = "cpu"  # its logits are numpy arrays in host memory, whatever device runs its layers
+
+    def __post_init__(self) -> None:
+        assert self.context_length > 0, "context_length is resolved at load time"
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model_config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    def device_cache_budget(self, budget_mb: int) -> int:
+        return self.engine.kv_bytes  # its KV pool was sized at load (the budget setting sized it)
+
+    def build_prefix_cache(self, config: CacheConfig, *, key: str, max_batch: int,
+                           decode: Callable[[Sequence[int]], str]) -> SequencePrefixCache:
+        """Entries are sequences in its KV pool; snapshots are its exported sequence state."""
+        engine = self.engine
+        if config.ssd_dir is not None:  # a backend's own state format: its own directory beside the tensor tier's
+            config = replace(config, ssd_dir=config.ssd_dir.with_name(f"{config.ssd_dir.name}-{self.backend}"))
+        cache = SequencePrefixCache(config, engine, cells=engine.cells, bytes_per_token=engine.bytes_per_token,
+                                    layout=f"{key}:{engine.bytes_per_token}", spare_sequences=max_batch + 1,
+                                    decode=decode)
+        log.info("prefix cache (llama.cpp): %d KV cells (%d MB), %d bytes/token%s", engine.cells,
+                 engine.kv_bytes // MiB, engine.bytes_per_token,
+                 f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")
+        return cache
+
+    def weights(self) -> Weights:
+        architectures = getattr(self.config, "architectures", None)
+        return Weights(architecture=(architectures or ["-"])[0], parameters=self.engine.parameters,
+                       model_bytes=self.engine.model_bytes)
+
+    def close(self) -> None:
+        self.engine.close()
