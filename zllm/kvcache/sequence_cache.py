@@ -112,7 +112,8 @@ class SequencePrefixCache(CacheTiers):
             if config.ssd_dir else (None, None)
         super().__init__(config, store, f"cost:seq:{layout}", decode, ssd_off)
         self.engine = engine
-        self.cells = cells
+        # the config's device budget holds here as on the torch cache; the engine's pool is its upper bound
+        self.cells = min(cells, config.device_budget_bytes // max(bytes_per_token, 1))
         self.bytes_per_token = bytes_per_token
         self.spare_sequences = spare_sequences
         self.entries_by_id: dict[str, SequenceEntry] = {}

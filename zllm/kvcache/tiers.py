@@ -65,6 +65,11 @@ class CacheTiers:
         self._lock = threading.RLock()
         self.counters = Counters()
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether a finished request's state is kept anywhere: resident rounds or an SSD tier."""
+        return self.config.rounds > 0 or self.store is not None
+
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
         self.cost.observe_prefill(tokens, seconds)

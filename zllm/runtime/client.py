@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
@@ -30,6 +30,7 @@ from zllm.engine.select import load_for_backend
 from zllm.errors import ConfigError, ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
+from zllm.kvcache.contract import KVPrefixCache
 from zllm.prompt import (
     PromptRenderer,
     RenderedPrompt,
@@ -59,8 +60,7 @@ _T = TypeVar("_T")
 BIG_PROMPT_CHARS = 1 << 20
 BIG_PROMPT_SLOTS = 2
 
-if TYPE_CHECKING:  # torch's: imported where the torch backend needs them, never on the llama.cpp path
-    from zllm.kvcache import PrefixCache
+if TYPE_CHECKING:  # torch's: imported where the torch backend needs it, never on the llama.cpp path
     from zllm.runtime.draft_model import DraftModel
 
 # a draft token costs a draft-model forward: drafts are shorter than prompt lookup's, and drafted on every step
@@ -143,7 +143,7 @@ class LocalEngineClient:
                               hint="use --speculative (prompt lookup) on llama.cpp, or --backend torch")
         # the engine seam (engine/contract.py): llama.cpp built at load, or torch over the loaded model
         runner = loaded.engine if loaded.engine is not None else _torch_runner(loaded)
-        self.prefix_cache: PrefixCache | None = (
+        self.prefix_cache: KVPrefixCache[Any] | None = (
             build_prefix_cache(loaded, runner, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
             if prefix_cache else None)
         self.engine = EngineLoop(runner, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
