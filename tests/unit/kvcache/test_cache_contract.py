@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.backends import BACKENDS
 from tests.support.cache_contract import contract_backend
-from tests.unit.runtime.test_snapshot_damage import BLOB_DAMAGE, INDEX_DAMAGE, TORCH_ONLY, blobs
+from tests.support.snapshot_damage import BLOB_DAMAGE, INDEX_DAMAGE, TORCH_ONLY, blobs
 from zllm.control.served import ServedCache
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import CacheLease, KVPrefixCache
@@ -272,6 +272,7 @@ def test_a_near_miss_says_what_diverged_and_names_its_segment_only_when_recorded
 
     assert backend.ask(cache, cached[:600] + tokens(20, seed=3), describe=describe)[0].near_miss is None
     assert backend.ask(cache, cached, describe=describe)[0].near_miss is None  # a full hit
+    assert backend.ask(cache, cached[:1190], describe=describe)[0].near_miss is None  # a prefix of it: a full hit
     assert asked == [], "the describer runs only for a recorded near miss"
     miss = backend.ask(cache, edited(cached, 1130), describe=describe)[0].near_miss
     assert (miss.entry_id, miss.divergence, miss.segment, asked) == ("orig", 1130, "message 11 (user)", [1130])
@@ -282,12 +283,13 @@ def test_a_near_miss_says_what_diverged_and_names_its_segment_only_when_recorded
         raise RuntimeError("template exploded")
 
     assert backend.ask(cache, cached[:1140] + (EDITED,), describe=broken)[0].near_miss.segment is None
-    assert len(cache.near_misses()) == 2
+    assert backend.ask(cache, cached[:1150] + (EDITED,))[0].near_miss.segment is None  # no describer
+    assert len(cache.near_misses()) == 3
 
 
 # ---------------------------------------------------------------- damage to the SSD tier
 
-# tests/unit/runtime/test_snapshot_damage.py's matrix (what each damage does to the tier directory)
+# what each damage does to the tier directory (tests/support/snapshot_damage.py)
 DAMAGE = {**BLOB_DAMAGE, **INDEX_DAMAGE}
 CONVERSATIONS = (tokens(300, seed=11), tokens(300, seed=12))  # no prefix worth a restore in common
 LATER = tokens(300, seed=13)
