@@ -155,7 +155,9 @@ def test_rounds_zero_keeps_nothing(backend) -> None:
 
 
 def test_the_budget_evicts_least_recently_used_entries(backend) -> None:
-    cache = backend.cache(budget_tokens=1600)  # torch's working set alone takes 1024 (its pool's bucket)
+    # room for two or three kept entries beside a running request (torch's working set takes 1024 of it, its
+    # pool's smallest bucket), so which one goes is the policy's choice, not the only one there is
+    cache = backend.cache(budget_tokens=1900)
     prompts = [tokens(400, seed=k) for k in range(5)]
     for n, prompt in enumerate(prompts):
         assert cache.admission_need(len(prompt), 4) <= cache.admission_room()
@@ -163,7 +165,7 @@ def test_the_budget_evicts_least_recently_used_entries(backend) -> None:
         stats = cache.stats()
         assert stats.device_bytes <= stats.device_budget_bytes
     kept = [e.id for e in cache.entries() if e.tier == "device"]
-    assert "r4" in kept and "r0" not in kept and len(kept) < len(prompts)
+    assert 2 <= len(kept) < len(prompts) and kept == [f"r{4 - n}" for n in range(len(kept))], kept  # the newest
     assert cache.admission_need(2000, 4) > cache.admission_room()  # more than the whole budget
     cache.check_integrity()
     cache.close()
