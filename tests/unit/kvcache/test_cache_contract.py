@@ -25,6 +25,7 @@ from zllm.control.served import ServedCache
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import CacheLease, KVPrefixCache
 from zllm.kvcache.sequence_cache import SequenceLease, SequencePrefixCache
+from zllm.kvcache.tiers import BaseLease
 from zllm.runtime.detokenizer import raw_decoder
 
 
@@ -77,6 +78,7 @@ def test_both_caches_and_their_leases_have_the_seams_shape(which) -> None:
     assert shape_mismatches(KVPrefixCache, cache) == []
     assert shape_mismatches(ServedCache, cache) == []  # the control methods' view of it
     assert set(CacheLease.__annotations__) <= {f.name for f in fields(lease)}, "a lease field the runtime reads"
+    assert issubclass(lease, BaseLease) and set(CacheLease.__annotations__) == {f.name for f in fields(BaseLease)}
     assert "config" in inspect.signature(cache).parameters
 
 
