@@ -31,7 +31,8 @@ NS = "ns"
 # whole-prompt prefill's logits within 1e-4, absolute. llama.cpp: a restored prefix is exact (the same cells a cold
 # prefill of the prefix leaves), but its kernels depend on the batch shape — a 1-row batch takes another matmul
 # than a prefill chunk (README, "A cached prefix answers like a cold prefill") — so the reference is a cold
-# sequence prefilled in the same two pieces, within 1e-4 of the largest logit, and the same argmax.
+# sequence fed in the same pieces (the prefix as it was computed, then the rest), within 1e-4 of the largest
+# logit, and the same argmax.
 ABSOLUTE, RELATIVE = 1e-4, 1e-4
 
 
