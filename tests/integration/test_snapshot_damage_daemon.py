@@ -4,7 +4,7 @@ take over an index in use); now it starts, serves the conversation cold with the
 it set aside in its log and in `zllm cache stats` (the control socket's cache.stats). Index rows that disagree
 with their blob (a forged size, token blob or generation) and a stray file named past sqlite's generations were
 once trusted, or stopped every later write: now each is counted, logged and kept aside, and writes go on.
-The whole matrix, at open and at read and on both backends, is tests/unit/runtime/test_snapshot_damage.py."""
+The whole matrix, at open and at read and on both backends, is tests/unit/kvcache/test_cache_contract.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The engine seam: what the runtime asks of an engine backend, and nothing more.
 
-    seq = engine.open(lease)                 empty, or continuing the lease's cached prefix of N tokens
+    seq = engine.open(lease)                 empty, or continuing the lease's cached prefix of N tokens (a lease
+                                             of this backend's prefix cache: kvcache/contract.py)
     logits = engine.step([Row(seq, ids), Row(seq2, draft, all_logits=True), ...])
                                              one step over every row: [vocab] after a row's last token,
                                              [n, vocab] after each of its n tokens for all_logits rows
@@ -28,7 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the cache seam: a backend's open() reads the lease its own prefix cache made
+    from zllm.kvcache.contract import CacheLease
 
 # A backend's own handle for one sequence (a DynamicCache; a llama.cpp sequence id wrapper). Opaque here.
 EngineSequence = Any
@@ -63,7 +67,7 @@ class Engine(Protocol):
 
     def engine_thread(self, threads: int) -> AbstractContextManager: ...
 
-    def open(self, lease: Any = None) -> EngineSequence: ...
+    def open(self, lease: CacheLease | None = None) -> EngineSequence: ...
 
     def step(self, rows: Sequence[Row]) -> list[Logits]: ...
 

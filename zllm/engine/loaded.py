@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from zllm.engine.contract import Engine
 from zllm.errors import ConfigError
 from zllm.kvcache.config import CacheConfig
+from zllm.kvcache.contract import KVPrefixCache
 
 
 class Tokenizer(Protocol):
@@ -98,8 +99,8 @@ class LoadedModel(ABC):
 
     @abstractmethod
     def build_prefix_cache(self, config: CacheConfig, *, key: str, max_batch: int,
-                           decode: Callable[[Sequence[int]], str]) -> Any:
-        """The model's prefix cache (kvcache's interface), or None when its KV cannot be cached. `key`: the
+                           decode: Callable[[Sequence[int]], str]) -> KVPrefixCache[Any] | None:
+        """The model's prefix cache (the seam in kvcache/contract.py), or None when its KV cannot be cached. `key`: the
         served model's KV identity; `decode`: token ids → text, for near-miss records."""
 
     def check_draft_model(self) -> None:

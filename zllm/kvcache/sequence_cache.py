@@ -36,7 +36,7 @@ from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_index import SnapshotInvalid, unpack_tokens
-from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
+from zllm.kvcache.tiers import BaseLease, CacheTiers, open_ssd_tier
 from zllm.kvcache.token_prefix import common_prefix_length
 
 log = logging.getLogger("zllm.kvcache")
@@ -81,26 +81,11 @@ class SequenceEntry:
 
 
 @dataclass(eq=False)
-class SequenceLease:
-    namespace: str
-    prompt: tuple[int, ...]
-    sequence: Any  # the engine's sequence, holding [0, cached_tokens) already
-    cached_tokens: int
-    tier: Tier  # where the cached prefix came from (COLD: nowhere)
-    reserved: int  # pool tokens reserved for this request while it runs
-    round: int = 1
-    hint: str | None = None
-    restore_s: float = 0.0
-    near_miss: NearMiss | None = None
-    rejected: str | None = None  # why an SSD snapshot this request would have restored was set aside (trace)
-    # acquired with defer=True: the SSD snapshot still to read (read_ssd, any thread; then complete_ssd on the
-    # engine thread) and the near-miss diagnosis still to make (any thread)
-    pending: SequenceMatch | None = None
-    diagnose: Callable[[], None] | None = field(default=None, repr=False)
-    done: bool = field(default=False, repr=False)
+class SequenceLease(BaseLease):
+    """A lease on the llama.cpp cache: the engine's sequence, holding [0, cached_tokens) already."""
 
-    def __post_init__(self) -> None:
-        assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
+    sequence: Any = field(kw_only=True)
+    reserved: int = field(kw_only=True)  # pool tokens reserved for this request while it runs
 
 
 class SequencePrefixCache(CacheTiers):
@@ -112,7 +97,8 @@ class SequencePrefixCache(CacheTiers):
             if config.ssd_dir else (None, None)
         super().__init__(config, store, f"cost:seq:{layout}", decode, ssd_off)
         self.engine = engine
-        self.cells = cells
+        # the config's device budget holds here as on the torch cache; the engine's pool is its upper bound
+        self.cells = min(cells, config.device_budget_bytes // max(bytes_per_token, 1))
         self.bytes_per_token = bytes_per_token
         self.spare_sequences = spare_sequences
         self.entries_by_id: dict[str, SequenceEntry] = {}
@@ -323,9 +309,9 @@ class SequencePrefixCache(CacheTiers):
         if entry is not None and device_length > 0:
             entry.last_used, entry.hits = time.monotonic(), entry.hits + 1
             seq = self.engine.share(entry.seq, device_length)
-            return SequenceLease(namespace, prompt, seq, device_length, Tier.hit(Tier.DEVICE, hinted), reserve,
-                                 round=entry.round + 1, hint=hint)
-        return SequenceLease(namespace, prompt, self.engine.open(), 0, Tier.COLD, reserve, hint=hint)
+            return SequenceLease(namespace, prompt, device_length, Tier.hit(Tier.DEVICE, hinted), sequence=seq,
+                                 reserved=reserve, round=entry.round + 1, hint=hint)
+        return SequenceLease(namespace, prompt, 0, Tier.COLD, sequence=self.engine.open(), reserved=reserve, hint=hint)
 
     def _plan_ssd(self, lease: SequenceLease, limit: int) -> SequenceMatch | None:
         """The snapshot worth reading instead of recomputing, cut to what the request shares with it (memory

@@ -1,14 +1,15 @@
 """`CacheTiers`: what both prefix caches hold around their device tier — the SSD store and its writer thread,
 the measured restore-vs-recompute estimate, the near-miss log and the counters — with the parts of their
 surface that do not depend on what a device entry is (prefix_cache.py: tensors; sequence_cache.py: engine
-sequences)."""
+sequences). `BaseLease`: what both caches' leases hold (contract.py's `CacheLease`), each adding the backend's
+own handle on the restored prefix (working buffers; an engine sequence)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from zllm.cache_views import CacheEntry, Tier
@@ -39,6 +40,29 @@ class Counters:
     main_spared: int = 0  # evictions the main-conversation rule steered away from a namespace's main conversation
 
 
+@dataclass(eq=False)
+class BaseLease:
+    """One request's use of a prefix cache, from admission to finish: the fields every backend's lease has."""
+
+    namespace: str
+    prompt: tuple[int, ...]
+    cached_tokens: int  # [0, cached_tokens) of the prompt is restored
+    tier: Tier  # where the cached prefix came from (COLD: nowhere)
+    round: int = 1
+    hint: str | None = None
+    restore_s: float = 0.0
+    near_miss: NearMiss | None = None
+    rejected: str | None = None  # why an SSD snapshot this request would have restored was set aside (trace)
+    # acquired with defer=True: an SSD read still to run (the cache's match; read_ssd on any thread, then
+    # complete_ssd), and the near-miss diagnosis still to make (any thread); both None once done or when none
+    pending: object | None = None
+    diagnose: Callable[[], None] | None = field(default=None, repr=False)
+    done: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
+
+
 def open_ssd_tier(open_store: Callable[[], Store]) -> tuple[Store | None, str | None]:
     """(the SSD store, None) or, when its index is locked by another process, (None, why the tier is off): the
     daemon serves cold rather than fail to start or take over an index someone else is using."""
@@ -64,6 +88,11 @@ class CacheTiers:
         self.cost = CostModel.from_json(store.index.get_meta(cost_key) if store is not None else None)
         self._lock = threading.RLock()
         self.counters = Counters()
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether a finished request's state is kept anywhere: resident rounds or an SSD tier."""
+        return self.config.rounds > 0 or self.store is not None
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""

@@ -15,7 +15,7 @@ from zllm.dialects import StreamParser
 from zllm.engine.contract import Logits
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.errors import EngineFailure, ZllmError
-from zllm.kvcache.interface import Lease
+from zllm.kvcache.contract import CacheLease
 from zllm.runtime.fence import Fence
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.report import RequestReport
@@ -104,7 +104,7 @@ class ActiveRequest:
     sampler: Sampler
     output: TurnOutput
     logits: Logits | None = None  # [vocab], the distribution for the next token
-    lease: Lease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
+    lease: CacheLease | None = None  # the prefix cache's view of this request (None: cache off or aborted early)
     # every sampled token; the cache holds KV for all but the last one (it was never fed forward)
     generated: list[int] = field(default_factory=list)
     kept: bool = False  # whether the device tier kept the terminal state

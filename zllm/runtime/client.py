@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.config import Settings
@@ -38,6 +38,7 @@ from zllm.engine.select import load_for_backend
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
+from zllm.kvcache.contract import KVPrefixCache
 from zllm.prompt import (
     PromptRenderer,
     RenderedPrompt,
@@ -137,7 +138,7 @@ class LocalEngineClient:
         self.markup = self.fences.markup_tokens(self.dialect)
         if draft_model is not None:
             loaded.check_draft_model()
-        self.prefix_cache = (
+        self.prefix_cache: KVPrefixCache[Any] | None = (
             build_prefix_cache(loaded, cache_config, max_batch=(scheduler or SchedulerConfig()).max_batch)
             if prefix_cache else None)
         self.engine = EngineLoop(loaded.engine, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,

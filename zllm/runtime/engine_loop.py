@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from typing import Any
 from collections.abc import Callable
 from functools import partial
 
@@ -44,7 +45,7 @@ from zllm.engine.loaded import DraftModel
 from zllm.engine.sampler import Sampler
 from zllm.errors import Overloaded
 from zllm.kvcache import request_namespace
-from zllm.kvcache.interface import PrefixCache
+from zllm.kvcache.contract import CacheLease, KVPrefixCache
 from zllm.runtime.active import ActiveRequest, EngineRequest, error_finished, log_finished, request_report
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.fence import sample_fenced
@@ -85,7 +86,7 @@ class EngineLoop:
         *,
         threads: int = 0,
         name: str = "zllm-engine",
-        prefix_cache: PrefixCache | None = None,
+        prefix_cache: KVPrefixCache[Any] | None = None,
         model_key: str = "",
         observer: Callable[[RequestReport], None] | None = None,
         hidden_ids: frozenset[int] = frozenset(),
@@ -261,14 +262,14 @@ class EngineLoop:
             except Exception as exc:
                 self._fail_start(request, lease, exc)
 
-    def _begin(self, request: EngineRequest, lease, admitted_at: float) -> None:
+    def _begin(self, request: EngineRequest, lease: CacheLease | None, admitted_at: float) -> None:
         active = ActiveRequest(
             request=request,
             cache=self.engine.open(lease),
             sampler=Sampler(request.sampling, self.engine.device),
             output=self._output_processor(request),
             lease=lease,
-            keeps=lease is not None and (self.prefix_cache.config.rounds > 0 or self.prefix_cache.store is not None),
+            keeps=lease is not None and self.prefix_cache.keeps_state,
             admitted_at=admitted_at,
         )
         active.looked_up_at = time.perf_counter()
@@ -278,7 +279,7 @@ class EngineLoop:
         if self._prompt_left(active) > self.scheduler.prefill_chunk:  # a prefill of several steps: show it
             self._report_progress(active)
 
-    def _fail_start(self, request: EngineRequest, lease, exc: Exception) -> None:
+    def _fail_start(self, request: EngineRequest, lease: CacheLease | None, exc: Exception) -> None:
         if lease is not None:
             self.prefix_cache.release(lease)
         self._finish(request, error_finished(request, exc, 0, 0, self._out_of_memory(exc)))

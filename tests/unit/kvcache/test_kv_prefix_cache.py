@@ -1,4 +1,6 @@
-"""PrefixCache facade without a model: leases, the one-token rule, hints, tiers, random aborts, near misses.
+"""PrefixCache (the torch backend's) without a model, where it differs from the llama.cpp cache: the radix tree's
+bytes after random aborts, turns chained on the SSD tier, admission whatever the budget. What both caches must
+do (hits, hints, namespaces, eviction, restores, near misses, damage) is tests/unit/kvcache/test_cache_contract.py.
 
 `serve()` plays the engine: it acquires a lease, "prefills" the uncached suffix and "decodes" by writing
 synthetic KV into the working buffers, and finishes with whatever part it got to (an abort part way).
@@ -38,42 +40,6 @@ def serve(cache: PrefixCache, prompt, output=(), *, namespace="ns", rid="r", hin
     cache.finish(lease, sequence, slice_state(lease.working, 0, len(sequence)), entry_id=rid,
                  prompt_length=len(prompt))
     return lease
-
-
-def test_a_repeated_prompt_restores_all_but_its_last_token() -> None:
-    cache = make_cache()
-    prompt = random_tokens(50)
-    assert serve(cache, prompt, rid="a").cached_tokens == 0
-    again = serve(cache, prompt, rid="b")
-    assert (again.cached_tokens, again.tier) == (49, "device")
-    cache.check_integrity()
-
-
-def test_next_turn_restores_prompt_plus_output_fed_forward() -> None:
-    cache = make_cache()
-    prompt, output = random_tokens(100), random_tokens(10, random.Random(1))
-    serve(cache, prompt, output, rid="t1")
-    turn2 = prompt + output + random_tokens(20, random.Random(2))
-    lease = serve(cache, turn2, rid="t2")
-    assert lease.cached_tokens == 109  # prompt + all outputs but the last (its KV was never computed)
-    assert lease.lineage is not None and lease.lineage.id == "t1" and lease.round == 2
-
-
-def test_namespaces_are_isolated() -> None:
-    cache = make_cache()
-    prompt = random_tokens(60)
-    serve(cache, prompt, namespace="alice", rid="a")
-    assert serve(cache, prompt, namespace="bob", rid="b").cached_tokens == 0
-
-
-def test_hints_are_verified_against_the_tokens() -> None:
-    cache = make_cache()
-    first = random_tokens(40)
-    serve(cache, first, rid="first")
-    assert serve(cache, first + (1, 2), rid="x", hint="first").tier == "device-hint"
-    other = random_tokens(40, random.Random(9))
-    lease = serve(cache, other, rid="y", hint="first")  # a wrong hint is just ignored
-    assert (lease.cached_tokens, lease.tier) == (0, "cold")
 
 
 def test_random_aborts_leave_exactly_the_retained_entries_bytes() -> None:
@@ -116,76 +82,6 @@ def test_ssd_tier_survives_a_restart_and_chains_turns(tmp_path) -> None:
     assert lease.tier == "ssd" and lease.cached_tokens == len(turn2) + 4
     restarted.check_integrity()
     restarted.close()
-
-
-def test_ssd_restores_only_what_the_device_tier_lacks(tmp_path) -> None:
-    cache = make_cache(tmp_path)
-    conversation = random_tokens(400)
-    serve(cache, conversation, rid="long")
-    cache.flush()
-    cache.prune(tiers=("device",), older_than_s=0)  # device tier flushed, SSD keeps it
-    serve(cache, conversation[:100], rid="short")  # the device tier now has only the first 99
-    lease = serve(cache, conversation + (7,), rid="next")
-    assert lease.tier == "ssd" and lease.cached_tokens == 400  # [0, 99) from device, [99, 400) from SSD
-    cache.close()
-
-
-def test_restores_that_would_be_slower_than_recompute_are_skipped(tmp_path) -> None:
-    cache = make_cache(tmp_path)
-    prompt = random_tokens(200)
-    serve(cache, prompt, rid="a")
-    cache.flush()
-    cache.prune(tiers=("device",), older_than_s=0)
-    cache.cost.observe_prefill(1000, 1e-6)  # a machine where prefill is nearly free...
-    cache.cost.observe_restore(1000, 1.0)  # ...and reading is slow
-    lease = serve(cache, prompt + (1,), rid="b")
-    assert lease.tier == "cold" and cache.stats().ssd_not_worth_it == 1
-    cache.close()
-
-
-def test_near_misses_record_where_and_what_diverged() -> None:
-    cache = make_cache()
-    cached = random_tokens(1200)
-    serve(cache, cached, rid="orig")
-    changed = cached[:1150] + (4095,) + cached[1151:]
-    lease = serve(cache, changed, rid="edit")
-    assert lease.cached_tokens == 1150
-    (miss,) = cache.near_misses()
-    assert (miss.entry_id, miss.divergence, miss.in_prompt, miss.tier) == ("orig", 1150, True, "device")
-    assert miss.request_after.startswith("4095|") and miss.entry_after.startswith(f"{cached[1150]}|")
-    assert miss.before.endswith(str(cached[1149]))
-    serve(cache, random_tokens(300, random.Random(5)), rid="unrelated")  # shares nothing: no record
-    serve(cache, cached[:1190], rid="rewind")  # a prefix of what is cached diverges from nothing: a full hit
-    assert len(cache.near_misses()) == 1
-
-
-def test_a_near_miss_names_its_segment_with_the_injected_describer_only_when_recorded() -> None:
-    cache = make_cache()
-    cached = random_tokens(1200)
-    serve(cache, cached, rid="orig")
-    asked: list[int] = []
-
-    def describe(index: int) -> str:
-        asked.append(index)
-        return f"message {index // 100} (user)"
-
-    def acquire(prompt, describer):
-        lease = cache.acquire("ns", prompt, describe_position=describer)
-        cache.release(lease)
-        return lease
-
-    assert acquire(cached[:600] + random_tokens(20), describe).near_miss is None  # shares too little
-    assert acquire(cached, describe).near_miss is None  # a full hit
-    assert asked == []  # never called unless a near miss is recorded
-    miss = acquire(cached[:1130] + (4095,) + cached[1131:], describe).near_miss
-    assert (miss.divergence, miss.segment, asked) == (1130, "message 11 (user)", [1130])
-    assert cache.near_misses()[-1].segment == "message 11 (user)"
-
-    def broken(index: int) -> str:
-        raise RuntimeError("template exploded")
-
-    assert acquire(cached[:1140] + (4095,), broken).near_miss.segment is None  # a diagnostic never fails
-    assert acquire(cached[:1150] + (4095,), None).near_miss.segment is None
 
 
 @pytest.mark.parametrize("budget_tokens, cached", [(0, 0), (2500, 0), (5000, 1499)])

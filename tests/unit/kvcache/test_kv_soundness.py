@@ -1,5 +1,5 @@
 """The SSD tiers' shared row check (soundness.py) in isolation: generation bounds on file names, and a token
-count the blob cannot hold. The damage matrix through the whole stack is tests/unit/runtime/test_snapshot_damage.py."""
+count the blob cannot hold. The damage matrix on both backends is tests/unit/kvcache/test_cache_contract.py."""
 
 import logging
 import sqlite3

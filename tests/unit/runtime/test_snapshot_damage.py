@@ -1,19 +1,19 @@
-"""The corruption matrix: every kind of damage to the SSD tier, on both engine backends, through the real stack
-(the engine client, its prefix cache, the SSD store on disk, a tiny random-weight model).
+"""SSD-tier damage through the real stack (the engine client, its prefix cache, the SSD store on disk, a tiny
+random-weight model), on both engine backends: index rows that disagree with their blobs and stray files, a blob
+that changes size after the tier opened (rejected at read: the request's trace line says why), and an index
+locked by another process. Each case serves two conversations, stops (the writer drains: both are on disk),
+damages the tier and restarts. A snapshot is only ever out of service, never deleted for damage: the blob is kept
+in quarantine/.
 
-Each case serves two conversations, stops (the writer drains: both are on disk), damages the tier, restarts and
-asks the first conversation again. It must start, never serve the damaged snapshot (the request runs cold),
-answer exactly what the cold run answered, and say what it set aside (stats and log; the trace line in the
-report). A snapshot is only ever out of service, never deleted for damage: the blob is kept in quarantine/.
+The damage matrix itself (a blob missing, truncated, enlarged, flipped, NaN-filled, swapped, a directory, in an old
+format; a garbage or future index) runs at the cache seam on both backends: tests/unit/kvcache/test_cache_contract.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sqlite3
-import struct
 import subprocess
 import sys
 import time
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.backends import BACKENDS, tiny_qwen3_per_backend
+from tests.support.snapshot_damage import blobs, tier_dir
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams, TextDelta
 from zllm.kvcache import CacheConfig, ssd_index
 from zllm.runtime.client import LocalEngineClient
@@ -31,87 +32,9 @@ MODEL = "tiny"
 CONVERSATIONS = (("You are a careful coding agent. Keep changes small and tested. " * 6, "Refactor module one"),
                  ("Reply as a terse reviewer would, in one line. " * 6, "Review module two"))
 LATER = ("Answer as a patient maintainer would, with one example. " * 6, "Explain module three")  # asked after
-NAN = struct.pack("<f", float("nan"))
 
 
-def tier_dir(tmp_path: Path, backend: str) -> Path:
-    return tmp_path / ("kv" if backend == "torch" else f"kv-{backend}")  # runtime/prefix.py names them so
-
-
-def blobs(directory: Path) -> list[Path]:
-    """The snapshots' blobs, oldest first (generation order): the first conversation's is first."""
-    return sorted((directory / "blobs").iterdir())
-
-
-def flip(blob: Path) -> None:
-    data = bytearray(blob.read_bytes())
-    data[len(data) * 2 // 3] ^= 0x10  # well inside the data: headers are a small part of these files
-    blob.write_bytes(bytes(data))
-
-
-def nan_fill(blob: Path) -> None:
-    data = bytearray(blob.read_bytes())
-    at = len(data) // 2 // 4 * 4
-    data[at:at + 256] = NAN * 64
-    blob.write_bytes(bytes(data))
-
-
-def swap(first: Path, second: Path) -> None:
-    a, b = first.read_bytes(), second.read_bytes()
-    first.write_bytes(b)
-    second.write_bytes(a)
-
-
-def to_directory(blob: Path) -> None:
-    blob.unlink()
-    blob.mkdir()
-    (blob / "x").write_bytes(b"not a blob")
-
-
-def old_format(blob: Path) -> None:
-    """Rewrite a torch blob as the previous format wrote it: "zllm-kv-1", no tensor checksums."""
-    data = blob.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header["__metadata__"]
-    header["__metadata__"] = {"format": "zllm-kv-1", **{k: meta[k] for k in ("layout", "tokens", "token_sha256")}}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    blob.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + n:])
-    db = sqlite3.connect(blob.parent.parent / "index.sqlite")  # as the old writer indexed it: its own size
-    db.execute("UPDATE snapshots SET bytes = ? WHERE generation = ?", (blob.stat().st_size, int(blob.stem, 16)))
-    db.commit()
-    db.close()
-
-
-def garbage_index(directory: Path) -> None:
-    (directory / "index.sqlite").write_bytes(b"\x00garbage, not a database\xff" * 400)
-
-
-def future_index(directory: Path) -> None:
-    db = sqlite3.connect(directory / "index.sqlite")
-    db.execute(f"PRAGMA user_version = {ssd_index.SCHEMA_VERSION + 1}")
-    db.commit()
-    db.close()
-
-
-# what each damage does to the tier directory
-BLOB_DAMAGE = {
-    "missing": lambda d: blobs(d)[0].unlink(),
-    "truncated": lambda d: (b := blobs(d)[0]).write_bytes(b.read_bytes()[:b.stat().st_size // 2]),
-    "enlarged": lambda d: (b := blobs(d)[0]).write_bytes(b.read_bytes() + b"\0" * 4096),
-    "flipped": lambda d: flip(blobs(d)[0]),
-    "nan-filled": lambda d: nan_fill(blobs(d)[0]),
-    "swapped": lambda d: swap(*blobs(d)),
-    "directory": lambda d: to_directory(blobs(d)[0]),
-    "old-format": lambda d: old_format(blobs(d)[0]),
-}
-INDEX_DAMAGE = {"garbage-index": garbage_index, "future-index": future_index}
-TORCH_ONLY = {"old-format"}  # llama.cpp's tier has checksummed its state since its first format
 BACKEND_MARKS = {getattr(b, "values", [b])[0]: getattr(b, "marks", ()) for b in BACKENDS}  # llama.cpp: skipif
-CASES = [pytest.param(damage, backend, id=f"{damage}-{backend}", marks=marks)
-         for damage in (*BLOB_DAMAGE, *INDEX_DAMAGE) for backend, marks in BACKEND_MARKS.items()
-         if damage not in TORCH_ONLY or backend == "torch"]
 
 
 @pytest.fixture(scope="module")
@@ -167,34 +90,6 @@ def serve_and_stop(start, backend: str) -> list[str]:
     answers = [ask(client, chat(i, f"first-{i}"))[0] for i in range(len(CONVERSATIONS))]
     client.close()  # drains the writer: both snapshots are on disk
     return answers
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("damage", "backend"), CASES)
-def test_damage_is_set_aside_and_served_cold(start, tmp_path, damage, backend, caplog) -> None:
-    answers = serve_and_stop(start, backend)
-    directory = tier_dir(tmp_path, backend)
-    assert len(blobs(directory)) == 2, "both conversations were written: the damage has something to hit"
-    (BLOB_DAMAGE.get(damage) or INDEX_DAMAGE[damage])(directory)
-
-    reports: list = []
-    with caplog.at_level(logging.WARNING, logger="zllm.kvcache"):
-        restarted = start(backend, reports)  # starts: the damage is found at open or at the first read
-        text, finished = ask(restarted, chat(0, "again"))
-    stats = restarted.prefix_cache.stats()
-    assert finished.usage.cached_tokens == 0 and stats.ssd_hits == 0, "the damaged snapshot was served"
-    assert text == answers[0], "the cold answer differs"
-    quarantine = [p.name for p in (directory / "quarantine").iterdir()]
-    if damage in INDEX_DAMAGE:
-        assert stats.ssd.index_set_aside == 1 and any(name.startswith("index.sqlite.") for name in quarantine)
-    else:
-        assert stats.ssd.quarantined >= 1
-        assert damage == "missing" or quarantine, "the damaged blob is kept for inspection, not deleted"
-    assert "set aside" in caplog.text or "quarantined" in caplog.text
-    report = finished_report(reports)
-    assert report.cache_tier == "cold"
-    if stats.ssd_rejected:  # found at read, not at open: the request's own trace line says why it ran cold
-        assert report.cache_rejected and "set aside" in report.cache_rejected
 
 
 def suffix(directory: Path) -> str:

@@ -36,35 +36,18 @@ from zllm.diagnosis.near_miss import NearMiss
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.retention import Newcomer
 from zllm.kvcache.ssd_index import unpack_tokens
-from zllm.kvcache.tiers import CacheTiers, open_ssd_tier
+from zllm.kvcache.tiers import BaseLease, CacheTiers, open_ssd_tier
 
 log = logging.getLogger("zllm.kvcache")
 
 
 @dataclass(eq=False)
-class Lease:
-    """One request's use of the cache, from admission to finish."""
+class Lease(BaseLease):
+    """A lease on the torch cache: pooled working buffers holding the restored prefix."""
 
-    namespace: str
-    prompt: tuple[int, ...]
-    working: KVState  # pooled buffers with room for prompt + reserved decode; [0, cached_tokens) restored
-    cached_tokens: int
-    tier: Tier  # where the cached prefix came from (COLD: nowhere)
+    working: KVState = field(kw_only=True)  # room for prompt + reserved decode; [0, cached_tokens) restored
     locked: Node | None = None
     lineage: Entry | None = None  # the device entry this request's conversation continues
-    round: int = 1
-    hint: str | None = None
-    restore_s: float = 0.0
-    near_miss: NearMiss | None = None
-    rejected: str | None = None  # why an SSD snapshot this request would have restored was set aside (trace)
-    # acquired with defer=True: an SSD read still to run (read_ssd on any thread, then complete_ssd), and the
-    # near-miss diagnosis still to make (any thread); both None once done or when there is nothing to do
-    pending: SsdMatch | None = None
-    diagnose: Callable[[], None] | None = field(default=None, repr=False)
-    done: bool = field(default=False, repr=False)
-
-    def __post_init__(self) -> None:
-        assert 0 <= self.cached_tokens < len(self.prompt), "at least one prompt token is always prefilled"
 
 
 class PrefixCache(CacheTiers):
@@ -102,7 +85,7 @@ class PrefixCache(CacheTiers):
             _copy_path(match, working)
         lineage = found.best.entry if found.best is not None and found.best.continues else None
         tier = Tier.hit(Tier.DEVICE, found.hint_verified) if match.length else Tier.COLD
-        lease = Lease(namespace, prompt, working, match.length, tier, locked, lineage,
+        lease = Lease(namespace, prompt, match.length, tier, working=working, locked=locked, lineage=lineage,
                       round=lineage.round + 1 if lineage else 1, hint=hint)
         try:
             lease.pending, diverged = self._plan_ssd(lease, limit)
