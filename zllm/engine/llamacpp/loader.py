@@ -46,7 +46,7 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
         max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
-        flash_attention=attention.flash_attention, kv_type=attention.kv_type))
+        flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact))
     return LoadedModel(path=path, model=None, tokenizer=tokenizer, device="cpu",
                        dtype=read_quantization(engine), context_length=window, threads=threads,
                        backend="llamacpp", backend_reason=reason, engine=engine, model_config=config,
