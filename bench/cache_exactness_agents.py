@@ -23,6 +23,7 @@ cold prefill and decode tok/s, KV bytes per token, compactions and the seconds t
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 import tempfile
@@ -75,9 +76,11 @@ class Timed:
 def engine_text(engine: LlamaCppEngine, tokens: list[int]) -> str:
     import llama_cpp as lc
 
-    vocab, buffer = lc.llama_model_get_vocab(engine.model), __import__("ctypes").create_string_buffer(64)
-    return "".join(buffer.raw[:lc.llama_token_to_piece(vocab, t, buffer, 64, 0, False)].decode(errors="replace")
-                   for t in tokens)
+    vocab, pieces = lc.llama_model_get_vocab(engine.model), b""
+    for token in tokens:
+        buffer = ctypes.create_string_buffer(64)
+        pieces += buffer.raw[:max(lc.llama_token_to_piece(vocab, token, buffer, 64, 0, False), 0)]
+    return pieces.decode(errors="replace")
 
 
 def others(engine: LlamaCppEngine, n: int = 900) -> None:
@@ -103,6 +106,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="cache-exactness-"))
     sizes = [args.min_tokens + (args.max_tokens - args.min_tokens) * i // max(args.prompts - 1, 1)
              for i in range(args.prompts)]
+    sizes = [sizes[i // 2] if i % 2 == 0 else sizes[-1 - i // 2] for i in range(len(sizes))]  # short, long, ...
     n, results, prefill_s, prefill_tokens, decode_s = args.new_tokens, [], 0.0, 0, 0.0
 
     engine, restarted = LlamaCppEngine(gguf, settings), LlamaCppEngine(gguf, settings)  # before / after a restart
@@ -146,7 +150,7 @@ def main() -> None:
     compact_s = sum(timer.seconds for timer in timers)
     equal = sum(r["device"]["agree"] == n and r["ssd"]["agree"] == n for r in results)
     print(json.dumps({"summary": True, "model": Path(gguf).name, "config": args.config, "threads": args.threads,
-                      "prompts": len(results), "tokens": [min(sizes), max(r["tokens"] for r in results)],
+                      "prompts": len(results), "tokens": [min(r["tokens"] for r in results), max(r["tokens"] for r in results)],
                       "all_three_equal": equal,
                       "max_dlogit": max(max(r["device"]["max_dlogit"], r["ssd"]["max_dlogit"]) for r in results),
                       "prefill_tok_s": round(prefill_tokens / prefill_s, 1),

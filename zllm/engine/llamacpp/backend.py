@@ -126,6 +126,8 @@ class LlamaCppEngine:
         self._free_ids = list(range(settings.max_sequences - 1, -1, -1))  # pop() hands out 0 first
         self._pad_id = self._free_ids.pop(0) if settings.exact else None  # the pad tokens' scratch sequence
         self._holes = False  # exact: cells were freed since the pool was last compacted
+        self._top: tuple[int, int] | None = None  # exact: (sequence id, first position) when the last decode
+        #                                           placed one sequence's cells only: the pool's highest ones
         self.compactions = 0
         self.bytes_per_token = self._measure_bytes_per_token()
 
@@ -241,7 +243,7 @@ class LlamaCppEngine:
 
     def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[np.ndarray]:
         padded = self._pad(feeds) if self.settings.exact else feeds
-        if self._holes:
+        if self._holes and self.settings.exact:
             self._compact()
         batch = self._batch
         for i, (seq, token, position, wants_logits) in enumerate(padded):
@@ -262,6 +264,8 @@ class LlamaCppEngine:
             self._holes = True
             raise EngineFailure(f"llama_decode failed ({status}{': no room in the KV pool' if status == 1 else ''})",
                                 hint="raise --cache-budget-mb or lower --max-batch")
+        placed = {seq.seq_id for seq, *_ in feeds}
+        self._top = (feeds[0][0].seq_id, feeds[0][2]) if len(placed) == 1 else None
         return [self._logits_at(i) for i, feed in enumerate(feeds) if feed[3]]  # _pad appends, never reorders
 
     def _pad(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[tuple]:
@@ -306,7 +310,10 @@ class LlamaCppEngine:
         if length < seq.length:
             lc.llama_memory_seq_rm(self.memory, seq.seq_id, length, -1)
             seq.length = length
-            self._holes = True
+            # a rejected draft of the last decode's only sequence frees the pool's highest cells: no hole below
+            # a used one; any other crop may leave one
+            self._holes = self._holes or not (self._top is not None and self._top[0] == seq.seq_id
+                                              and length >= self._top[1])
 
     def release(self, seq: LlamaSequence) -> None:
         if seq.released:
@@ -343,8 +350,9 @@ class LlamaCppEngine:
         """A new sequence from `export_state` bytes (any bytes-like; a writable one is loaded without a copy)
         of a `length`-token sequence; EngineFailure when llama.cpp refuses them (then nothing is held)."""
         seq = self.open()
-        if self._holes:
+        if self._holes and self.settings.exact:
             self._compact()  # llama.cpp places the restored cells like a decode's (find_slot)
+        self._top = None
         view = memoryview(data).cast("B")
         array = ctypes.c_uint8 * len(view)
         buffer = array.from_buffer(view) if not view.readonly else array.from_buffer_copy(view)
