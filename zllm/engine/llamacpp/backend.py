@@ -92,13 +92,13 @@ class ContextSettings:
     gpu_layers: int = -1  # layers offloaded to a GPU build (-1 = all); ignored by the CPU build
     flash_attention: int = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
     kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
-    exact: bool = False  # EXACT_ATTENTION's comment: no 1-row product, cells in position order (one sequence
-    #                      id is kept for the pad tokens)
+    exact: bool = False  # EXACT_ATTENTION's comment: no 1-row product, cells in position order (two sequence
+    #                      ids are kept: the pad tokens', and the dead cells')
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
         assert self.batch >= 1 and 1 <= self.ubatch <= self.batch
-        assert not self.exact or (self.ubatch >= 2 and self.max_sequences >= 2)
+        assert not self.exact or (self.ubatch >= 2 and self.max_sequences >= 3)
 
 
 class LlamaCppEngine:
@@ -125,7 +125,11 @@ class LlamaCppEngine:
         self._batch = lc.llama_batch_init(settings.batch, 0, 1)
         self._free_ids = list(range(settings.max_sequences - 1, -1, -1))  # pop() hands out 0 first
         self._pad_id = self._free_ids.pop(0) if settings.exact else None  # the pad tokens' scratch sequence
-        self._holes = False  # exact: cells were freed since the pool was last compacted
+        # exact: released and cropped cells go to this sequence instead of being freed (no hole below a used cell)
+        # until the pool is full, when they are dropped and the pool compacted (`_compact`)
+        self._dead_id = self._free_ids.pop(0) if settings.exact else None
+        self._dead = False  # exact: the dead sequence holds cells
+        self._holes = False  # exact: cells were freed (a failed decode) since the pool was last compacted
         self._top: tuple[int, int] | None = None  # exact: (sequence id, first position) when the last decode
         #                                           placed one sequence's cells only: the pool's highest ones
         self.compactions = 0
@@ -254,6 +258,9 @@ class LlamaCppEngine:
             batch.logits[i] = wants_logits
         batch.n_tokens = len(padded)
         status = lc.llama_decode(self.ctx, batch)
+        if status == 1 and self._dead:  # no room: the dead cells make it, packed below the live ones
+            self._compact()
+            status = lc.llama_decode(self.ctx, batch)
         if self.settings.exact:
             # the pad cells are the last ones placed: freeing them leaves no hole below a used cell
             lc.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
@@ -283,8 +290,12 @@ class LlamaCppEngine:
         return padded
 
     def _compact(self) -> None:
-        """Pack every used cell from cell 0, in their order (a whole-context state save and restore), so the next
-        cells placed go after all of them: a sequence's cells stay in position order (EXACT_ATTENTION's comment)."""
+        """Drop the dead cells and pack every live one from cell 0, in their order (a whole-context state save and
+        restore), so the next cells placed go after all of them: a sequence's cells stay in position order
+        (EXACT_ATTENTION's comment). It costs a copy of the used cells and a clear of the whole pool (seconds for a
+        64K-cell pool: README), so it runs when the pool is full of dead cells, not after each release."""
+        lc.llama_memory_seq_rm(self.memory, self._dead_id, -1, -1)
+        self._dead = False
         size = lc.llama_state_get_size(self.ctx)
         buffer = (ctypes.c_uint8 * size)()
         written = lc.llama_state_get_data(self.ctx, buffer, size)
@@ -308,20 +319,28 @@ class LlamaCppEngine:
     def crop(self, seq: LlamaSequence, length: int) -> None:
         assert 0 <= length <= seq.length, f"cannot crop a {seq.length}-token sequence to {length}"
         if length < seq.length:
+            # a rejected draft of the last decode's only sequence frees the pool's highest cells: no hole below a
+            # used one; any other crop's cells go dead
+            on_top = self._top is not None and self._top[0] == seq.seq_id and length >= self._top[1]
+            if self.settings.exact and not on_top:
+                self._bury(seq, length)
             lc.llama_memory_seq_rm(self.memory, seq.seq_id, length, -1)
             seq.length = length
-            # a rejected draft of the last decode's only sequence frees the pool's highest cells: no hole below
-            # a used one; any other crop may leave one
-            self._holes = self._holes or not (self._top is not None and self._top[0] == seq.seq_id
-                                              and length >= self._top[1])
 
     def release(self, seq: LlamaSequence) -> None:
         if seq.released:
             return
+        if self.settings.exact and seq.length > 0:
+            self._bury(seq, 0)
         lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
-        self._holes = self._holes or seq.length > 0
         seq.released, seq.length = True, 0
         self._free_ids.append(seq.seq_id)
+
+    def _bury(self, seq: LlamaSequence, length: int) -> None:
+        """seq's cells from `length` on join the dead sequence (seq_cp: no copy), so removing them from seq frees
+        none: the pool keeps no free cell below a used one (EXACT_ATTENTION's comment)."""
+        lc.llama_memory_seq_cp(self.memory, seq.seq_id, self._dead_id, length, -1)
+        self._dead = True
 
     @staticmethod
     def kept_state(seq: LlamaSequence) -> KeptState:
@@ -357,6 +376,9 @@ class LlamaCppEngine:
         array = ctypes.c_uint8 * len(view)
         buffer = array.from_buffer(view) if not view.readonly else array.from_buffer_copy(view)
         read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
+        if read != len(view) and self._dead:  # no room: the dead cells make it
+            self._compact()
+            read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
         held = lc.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
         if read != len(view) or held != length:
             seq.length = max(held, 0)
