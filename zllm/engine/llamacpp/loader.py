@@ -8,9 +8,9 @@
 
 Nothing here imports torch or transformers (a test loads a model in a fresh process and checks sys.modules).
 
-`exact_cache` (the setting) picks the pool's cell type and attention kernel: backend.EXACT_ATTENTION, where a
-cached prefix answers bit for bit like a cold prefill, or backend.FAST_ATTENTION (F16 cells, llama.cpp's own
-choice of kernel).
+`exact_cache` (the setting) picks the pool's cell type, attention kernel and the engine's exact mode:
+backend.EXACT_ATTENTION, where a cached prefix answers bit for bit like a cold prefill (no 1-row matmul, cells
+kept in position order), or backend.FAST_ATTENTION (F16 cells, llama.cpp's own choice of kernel).
 
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
