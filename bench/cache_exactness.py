@@ -42,12 +42,13 @@ from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa
 FA_AUTO, FA_OFF = lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
 FA_ON = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
 F16, Q8_0 = lc.GGML_TYPE_F16, lc.GGML_TYPE_Q8_0
-CONFIGS = {  # name: (flash attention, KV type, ubatch)
-    "base": (FA_AUTO, F16, 512),  # what zllm ran before issue 22
-    "fa_off": (FA_OFF, F16, 512),
-    "fa_on": (FA_ON, F16, 512),
-    "fa_on_ub32": (FA_ON, F16, 32),  # < 64 query rows: the per-cell FA kernel, never the tiled one
-    "fa_on_q8": (FA_ON, Q8_0, 512),  # a quantized KV: the per-cell FA kernel always
+CONFIGS = {  # name: (flash attention, KV type, ubatch, ContextSettings.exact)
+    "base": (FA_AUTO, F16, 512, False),  # what zllm ran before issue 22 (and --no-exact-cache)
+    "fa_off": (FA_OFF, F16, 512, False),
+    "fa_on": (FA_ON, F16, 512, False),
+    "fa_on_ub32": (FA_ON, F16, 32, False),  # < 64 query rows: the per-cell FA kernel, never the tiled one
+    "fa_on_q8": (FA_ON, Q8_0, 512, False),  # a quantized KV: the per-cell FA kernel always
+    "exact": (FA_ON, Q8_0, 512, True),  # --exact-cache: + no 1-row matmul, cells kept in position order
 }
 CHUNK = 512  # the scheduler's idle_prefill_chunk
 SYSTEM = ("You are a coding agent working in a repository. Follow the user's instructions exactly, keep answers "
@@ -109,9 +110,10 @@ def compare(reference, other) -> dict:
 
 class Experiment:
     def __init__(self, gguf: str, config: str, threads: int, args):
-        flash, kv_type, ubatch = CONFIGS[config]
+        flash, kv_type, ubatch, exact = CONFIGS[config]
         self.settings = ContextSettings(cells=max(8192, 4 * (args.prompt_tokens + args.other_tokens)),
-                                        threads=threads, flash_attention=flash, kv_type=kv_type, ubatch=ubatch)
+                                        threads=threads, flash_attention=flash, kv_type=kv_type, ubatch=ubatch,
+                                        exact=exact)
         self.gguf, self.args = gguf, args
 
     def engine(self) -> LlamaCppEngine:

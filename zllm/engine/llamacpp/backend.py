@@ -52,6 +52,7 @@ class LlamaSequence:
 class Attention:
     flash_attention: int
     kv_type: int
+    exact: bool = False  # ContextSettings.exact: uniform batch shapes and cells kept in position order
 
 
 # Answers that do not depend on the cache's state (issue 22; bench/cache_exactness.py measures it). llama.cpp's
@@ -63,7 +64,20 @@ class Attention:
 # to ~1 logit on the default model). Over Q8_0 cells llama.cpp takes the per-cell flash-attention kernel for
 # every shape: it walks the sequence's own cells in order and skips masked ones, so placement, padding,
 # neighbours, ubatch size and threads leave the result unchanged; and KV memory is 34/64 of F16's.
-EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
+# Two more things make a token's logits depend on the cache's state, and ContextSettings.exact removes both:
+# - the matmul kernel: ggml sends a 1-row product to its vec_dot loop and a product of 2+ rows to llamafile's
+#   tinyBLAS (sgemm.cpp: `if (n < 2) return false`), whose sums group differently. tinyBLAS computes each
+#   output element as ONE vector accumulator over k in order (gemm_bloc), whatever the tile shape, the row
+#   count or the thread that takes the tile, so if every product has 2+ rows, every product agrees. A product's
+#   rows are a ubatch's tokens, or (last layer's FFN and the output head) its tokens that want logits: so no
+#   ubatch of 1 token (a pad token in a scratch sequence joins it) and no ubatch with exactly 1 output.
+# - the order of the cells: the per-cell kernel sums a sequence's cells in pool order, and llama.cpp's find_slot
+#   places new cells from its cursor, which a freed cell below it pulls back (seq_rm), or from cell 0 once the
+#   free space before the cursor is large: a continuation then lands in a hole BEFORE its own prefix. With no
+#   free cell below a used one, every new cell goes after every used cell; so after cells are freed the pool is
+#   compacted before the next placement (a whole-context state save and restore: llama.cpp packs the cells from
+#   0 in their order, sharing kept).
+EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0, exact=True)
 FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 
@@ -78,10 +92,13 @@ class ContextSettings:
     gpu_layers: int = -1  # layers offloaded to a GPU build (-1 = all); ignored by the CPU build
     flash_attention: int = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
     kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
+    exact: bool = False  # EXACT_ATTENTION's comment: no 1-row product, cells in position order (two sequence
+    #                      ids are kept: the pad tokens', and the dead cells')
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
         assert self.batch >= 1 and 1 <= self.ubatch <= self.batch
+        assert not self.exact or (self.ubatch >= 2 and self.max_sequences >= 3)
 
 
 class LlamaCppEngine:
@@ -107,6 +124,15 @@ class LlamaCppEngine:
         self.cells = lc.llama_n_ctx(self.ctx)
         self._batch = lc.llama_batch_init(settings.batch, 0, 1)
         self._free_ids = list(range(settings.max_sequences - 1, -1, -1))  # pop() hands out 0 first
+        self._pad_id = self._free_ids.pop(0) if settings.exact else None  # the pad tokens' scratch sequence
+        # exact: released and cropped cells go to this sequence instead of being freed (no hole below a used cell)
+        # until the pool is full, when they are dropped and the pool compacted (`_compact`)
+        self._dead_id = self._free_ids.pop(0) if settings.exact else None
+        self._dead = False  # exact: the dead sequence holds cells
+        self._holes = False  # exact: cells were freed (a failed decode) since the pool was last compacted
+        self._top: tuple[int, int] | None = None  # exact: (sequence id, first position) when the last decode
+        #                                           placed one sequence's cells only: the pool's highest ones
+        self.compactions = 0
         self.bytes_per_token = self._measure_bytes_per_token()
 
     @staticmethod
@@ -198,12 +224,15 @@ class LlamaCppEngine:
         return LlamaSequence(self._free_ids.pop())
 
     def step(self, rows: Sequence[Row]) -> list[np.ndarray]:
-        """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens."""
+        """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens; in exact mode
+        one per ubatch (`_exact_chunks`)."""
         feeds = [(row.seq, token, row.seq.length + i, row.all_logits or i == len(row.token_ids) - 1)
                  for row in rows for i, token in enumerate(row.token_ids)]
         logits: list[np.ndarray] = []
-        for start in range(0, len(feeds), self.settings.batch):
-            logits.extend(self._decode(feeds[start:start + self.settings.batch]))
+        spans = (_exact_chunks(len(feeds), self.settings.ubatch) if self.settings.exact
+                 else [(start, start + self.settings.batch) for start in range(0, len(feeds), self.settings.batch)])
+        for start, end in spans:
+            logits.extend(self._decode(feeds[start:end]))
         for row in rows:
             row.seq.length += len(row.token_ids)
         results, cursor = [], 0
@@ -217,22 +246,63 @@ class LlamaCppEngine:
         return results
 
     def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[np.ndarray]:
+        padded = self._pad(feeds) if self.settings.exact else feeds
+        if self._holes and self.settings.exact:
+            self._compact()
         batch = self._batch
-        for i, (seq, token, position, wants_logits) in enumerate(feeds):
+        for i, (seq, token, position, wants_logits) in enumerate(padded):
             batch.token[i] = token
             batch.pos[i] = position
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq.seq_id
             batch.logits[i] = wants_logits
-        batch.n_tokens = len(feeds)
+        batch.n_tokens = len(padded)
         status = lc.llama_decode(self.ctx, batch)
+        if status == 1 and self._dead:  # no room: the dead cells make it, packed below the live ones
+            self._compact()
+            status = lc.llama_decode(self.ctx, batch)
+        if self.settings.exact:
+            # the pad cells are the last ones placed: freeing them leaves no hole below a used cell
+            lc.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
         if status != 0:
             # positions past a failed decode are undefined: drop what this batch may have written
             for seq in {seq for seq, *_ in feeds}:
                 lc.llama_memory_seq_rm(self.memory, seq.seq_id, seq.length, -1)
+            self._holes = True
             raise EngineFailure(f"llama_decode failed ({status}{': no room in the KV pool' if status == 1 else ''})",
                                 hint="raise --cache-budget-mb or lower --max-batch")
-        return [self._logits_at(i) for i, feed in enumerate(feeds) if feed[3]]
+        placed = {seq.seq_id for seq, *_ in feeds}
+        self._top = (feeds[0][0].seq_id, feeds[0][2]) if len(placed) == 1 else None
+        return [self._logits_at(i) for i, feed in enumerate(feeds) if feed[3]]  # _pad appends, never reorders
+
+    def _pad(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[tuple]:
+        """`feeds` shaped so that no product has 1 row (EXACT_ATTENTION's comment): a lone token gets a pad token
+        in the scratch sequence after it, and a lone output a second one (the pad, or the token before it); the
+        extra outputs' logits are not handed out (`_decode` keeps the caller's flags)."""
+        padded = list(feeds)
+        if len(padded) == 1:
+            seq, token, _, _ = padded[0]
+            padded.append((LlamaSequence(self._pad_id), token, 0, True))
+        outputs = [i for i, feed in enumerate(padded) if feed[3]]
+        if len(outputs) == 1:
+            other = outputs[0] - 1 if outputs[0] > 0 else outputs[0] + 1
+            padded[other] = (*padded[other][:3], True)
+        return padded
+
+    def _compact(self) -> None:
+        """Drop the dead cells and pack every live one from cell 0, in their order (a whole-context state save and
+        restore), so the next cells placed go after all of them: a sequence's cells stay in position order
+        (EXACT_ATTENTION's comment). It costs a copy of the used cells and a clear of the whole pool (seconds for a
+        64K-cell pool: README), so it runs when the pool is full of dead cells, not after each release."""
+        lc.llama_memory_seq_rm(self.memory, self._dead_id, -1, -1)
+        self._dead = False
+        size = lc.llama_state_get_size(self.ctx)
+        buffer = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_get_data(self.ctx, buffer, size)
+        if lc.llama_state_set_data(self.ctx, buffer, written) != written:
+            raise EngineFailure("llama.cpp could not restore its own state while compacting the KV pool")
+        self._holes = False
+        self.compactions += 1
 
     def _logits_at(self, batch_index: int) -> np.ndarray:
         pointer = lc.llama_get_logits_ith(self.ctx, batch_index)
@@ -249,15 +319,28 @@ class LlamaCppEngine:
     def crop(self, seq: LlamaSequence, length: int) -> None:
         assert 0 <= length <= seq.length, f"cannot crop a {seq.length}-token sequence to {length}"
         if length < seq.length:
+            # a rejected draft of the last decode's only sequence frees the pool's highest cells: no hole below a
+            # used one; any other crop's cells go dead
+            on_top = self._top is not None and self._top[0] == seq.seq_id and length >= self._top[1]
+            if self.settings.exact and not on_top:
+                self._bury(seq, length)
             lc.llama_memory_seq_rm(self.memory, seq.seq_id, length, -1)
             seq.length = length
 
     def release(self, seq: LlamaSequence) -> None:
         if seq.released:
             return
+        if self.settings.exact and seq.length > 0:
+            self._bury(seq, 0)
         lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
         seq.released, seq.length = True, 0
         self._free_ids.append(seq.seq_id)
+
+    def _bury(self, seq: LlamaSequence, length: int) -> None:
+        """seq's cells from `length` on join the dead sequence (seq_cp: no copy), so removing them from seq frees
+        none: the pool keeps no free cell below a used one (EXACT_ATTENTION's comment)."""
+        lc.llama_memory_seq_cp(self.memory, seq.seq_id, self._dead_id, length, -1)
+        self._dead = True
 
     @staticmethod
     def kept_state(seq: LlamaSequence) -> KeptState:
@@ -286,10 +369,16 @@ class LlamaCppEngine:
         """A new sequence from `export_state` bytes (any bytes-like; a writable one is loaded without a copy)
         of a `length`-token sequence; EngineFailure when llama.cpp refuses them (then nothing is held)."""
         seq = self.open()
+        if self._holes and self.settings.exact:
+            self._compact()  # llama.cpp places the restored cells like a decode's (find_slot)
+        self._top = None
         view = memoryview(data).cast("B")
         array = ctypes.c_uint8 * len(view)
         buffer = array.from_buffer(view) if not view.readonly else array.from_buffer_copy(view)
         read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
+        if read != len(view) and self._dead:  # no room: the dead cells make it
+            self._compact()
+            read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
         held = lc.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
         if read != len(view) or held != length:
             seq.length = max(held, 0)
@@ -298,6 +387,15 @@ class LlamaCppEngine:
                                 f"{held} of {length} tokens)")
         seq.length = length
         return seq
+
+
+def _exact_chunks(n: int, ubatch: int) -> list[tuple[int, int]]:
+    """[start, end) pieces of n feeds, each at most one ubatch, none of 1 token unless n is 1 (then it is padded):
+    llama.cpp cuts a decode into ubatches itself, and a 1-token remainder would take the 1-row matmul."""
+    ends = list(range(ubatch, n, ubatch)) + [n]
+    if len(ends) > 1 and ends[-1] - ends[-2] == 1:
+        ends[-2] -= 1
+    return list(zip([0] + ends[:-1], ends))
 
 
 def read_quantization(engine: LlamaCppEngine) -> str:

@@ -8,9 +8,9 @@
 
 Nothing here imports torch or transformers (a test loads a model in a fresh process and checks sys.modules).
 
-`exact_cache` (the setting) picks the pool's cell type and attention kernel: backend.EXACT_ATTENTION, where a
-cached prefix answers bit for bit like a cold prefill, or backend.FAST_ATTENTION (F16 cells, llama.cpp's own
-choice of kernel).
+`exact_cache` (the setting) picks the pool's cell type, attention kernel and the engine's exact mode:
+backend.EXACT_ATTENTION, where a cached prefix answers bit for bit like a cold prefill (no 1-row matmul, cells
+kept in position order), or backend.FAST_ATTENTION (F16 cells, llama.cpp's own choice of kernel).
 
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
@@ -52,7 +52,7 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
         max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
-        flash_attention=attention.flash_attention, kv_type=attention.kv_type))
+        flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact))
     return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
                          quantization=read_quantization(engine), context_length=window, threads=threads,
                          backend_reason=reason, generation_eos=_generation_eos(path))
