@@ -139,6 +139,7 @@ def send(port: int, body: dict, model: str) -> Result:
             event = line[7:]
         elif line.startswith("data: "):
             data = json.loads(line[6:])
+            event = data.get("type") or event  # a data-only frame names its event in "type"
             if event == "content_block_delta":
                 if not result.ttft:
                     result.ttft = time.perf_counter() - started
