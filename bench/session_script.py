@@ -100,8 +100,8 @@ def numbered(text: str) -> str:
 
 def bash_output(command: str, turn: int, lines: int) -> str:
     if command.startswith("git diff"):
-        return "".join(f" src/module_{i}.py | {i + turn} +{'+' * (i % 7)}{'-' * (i % 3)}\n" for i in range(lines // 4)) \
-            + f" {lines // 4} files changed, {turn * 9} insertions(+), {turn * 2} deletions(-)\n"
+        files = "".join(f" src/module_{i}.py | {i + turn} +{'+' * (i % 7)}{'-' * (i % 3)}\n" for i in range(lines // 4))
+        return files + f" {lines // 4} files changed, {turn * 9} insertions(+), {turn * 2} deletions(-)\n"
     passed = "".join(f"tests/test_state_{i}.py ........{'.' * (i % 5)}  [{(i + 1) * 100 // lines:3d}%]\n"
                      for i in range(lines))
     return passed + f"{lines * 9} passed in {0.5 + turn / 10:.2f}s\n"

@@ -46,11 +46,13 @@ class PrefixReusingEncoder:
 
     def __init__(self, tokenizer, keep: int = KEEP):
         self._tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        # split_special_tokens: the tokenizer encodes special tokens' text as plain text, so there is nothing to cut at
+        fast = getattr(tokenizer, "is_fast", False) and not getattr(tokenizer, "split_special_tokens", False)
+        backend = getattr(tokenizer, "backend_tokenizer", None) if fast else None
         added = backend.get_added_tokens_decoder() if backend is not None else {}
-        # a cut sits before a special token matched on the raw text that takes no whitespace from its left
-        self._cut_tokens = {token_id for token_id, token in added.items()
-                            if token.special and not token.lstrip and not token.normalized and token.content}
+        # a cut sits before a special token matched on the raw text, whatever precedes it (no lstrip, no single_word)
+        self._cut_tokens = {token_id for token_id, token in added.items() if token.special and token.content
+                            and not (token.lstrip or token.normalized or token.single_word)}
         # the longest added token: a cut this far inside the shared prefix is matched the same in both texts
         self._margin = max((len(token.content) for token in added.values()), default=0)
         self._backend = backend if self._cut_tokens else None
