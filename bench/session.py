@@ -228,6 +228,11 @@ def main() -> None:
         for server in pair.values():
             server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    apart = [step.name for _, step, r in rows
+             if abs(r["zllm"].prompt_tokens - r["llama_server"].prompt_tokens) > 0.1 * r["llama_server"].prompt_tokens]
+    if apart:  # e.g. a chat template that ignores tools: llama-server then never shows them to the model
+        print(f"# WARNING: the two prompts differ by more than 10% on {', '.join(apart)}: the servers do not see the "
+              "same conversation, so the ratios compare different work", flush=True)
     for line in summary(rows):
         print(json.dumps({"bench": "session", "speculative": args.speculative, "threads": args.threads,
                           "turns": args.turns, "prompt_scale": args.prompt_scale, **line}), flush=True)
