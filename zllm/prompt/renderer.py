@@ -22,6 +22,7 @@ from zllm.dialects import Conversation, Dialect
 from zllm.dialects.registry import DialectChoice, TokenizerFacts, choose_dialect
 from zllm.errors import ConfigError, ContextLengthExceeded, InvalidRequest
 from zllm.prompt.length_bound import LengthBound
+from zllm.prompt.prefix_encode import PrefixReusingEncoder
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class RenderedPrompt:
 class PromptRenderer:
     """Turns canonical requests into prompt token ids with one model's tokenizer and chat template.
 
-    Stateless after construction and safe to call from several threads (the tokenizer's Rust encoder is).
+    Safe to call from several threads (the tokenizer's Rust encoder is); its only state is the encoder's memory of
+    recent prompts, which changes how fast a prompt is tokenized, never its ids.
     """
 
     def __init__(self, tokenizer, dialect: Dialect | DialectChoice | None = None, *,
@@ -54,6 +56,7 @@ class PromptRenderer:
             raise ConfigError(f"the model's tokenizer has no chat template and dialect {self.dialect.name} needs one",
                               hint="use an instruct/chat model, or a dialect that renders its own framing")
         self.tokenizer = tokenizer
+        self._encoder = PrefixReusingEncoder(tokenizer)  # a continuing conversation: only its new text is encoded
         self._bos_id = _default_bos_id(tokenizer)
 
     @property
@@ -72,7 +75,7 @@ class PromptRenderer:
         text = self._render_messages(request, messages)
         if window is not None:
             self._refuse_hopeless(text, window)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self._encoder.encode(text)
         if self._bos_id is not None and ids[:1] != [self._bos_id]:
             ids = [self._bos_id, *ids]
         return RenderedPrompt(token_ids=tuple(ids), text=text, dropped=dropped)

@@ -1,0 +1,242 @@
+"""A whole Claude Code session against zllm and `llama-server` side by side: wall, TTFT and decode time per turn.
+
+    .venv/bin/python bench/session.py [--model MODEL] [--threads 1] [--turns 16] [--prompt-scale 1.0]
+        [--speculative] [--llama-server PATH] [--request FILE] [--claude PATH]
+
+The session (bench/session_script.py): a real Claude Code request, recorded once from the installed `claude` CLI
+(bench/claude_code_request.py; kept in ~/.cache/zllm-bench, not committed) — its system prompt, its tools, its
+first user message and mid-conversation system turn —, grown by scripted Read/Bash tool turns, a new user message
+and an echo turn (a file just read, asked back in full), with Claude Code's side requests (quota, title, a
+Bash-command classifier) between main turns, and both servers restarted after the middle main turn (zllm on
+SIGTERM writes its SSD tier; llama-server keeps nothing across a restart).
+
+Both servers run at once, same GGUF, same threads, and every request goes to both, through the Anthropic Messages
+API on both (`POST /v1/messages`, streaming; llama-server has its own /v1/messages that renders the same messages
+with the model's chat template via --jinja); which server goes first alternates step by step. Per request: wall
+(from this process), TTFT (to the first content delta), decode = wall - TTFT, prompt tokens each side counted
+(input + cache read + cache creation) and the cached part, output tokens.
+
+llama-server gets its best settings for one agent user: `-c CONTEXT --jinja -np 1 --cache-reuse 256 --cache-ram
+8192` (one slot with the whole window: an agent sends one request at a time; the host-RAM prompt cache keeps the
+main conversation while a side request takes the slot, --cache-reuse lets a shifted prefix be reused). With
+--speculative: `zllm serve --speculative` against `llama-server --spec-default`.
+
+--model: a model in a zllm store (DATA_DIR/models/NAME or its model.gguf; default: the default model's F16 copy the
+end-to-end tests pull, ~/.cache/zllm-tests/e2e-data/models/smollm2, an 8K window: use --prompt-scale 0.25 with it).
+--prompt-scale shortens the recorded prompt (texts and tools) and the tool results for a quick run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_args import E2E_SMOLLM2  # noqa: E402  (bench/bench_args.py)
+from claude_code_request import load_or_record  # noqa: E402  (bench/claude_code_request.py)
+from llamacpp_server import Server, zllm_command  # noqa: E402  (bench/llamacpp_server.py)
+from session_script import Step, session_steps  # noqa: E402  (bench/session_script.py)
+
+from tests.support.daemon import free_port  # noqa: E402
+
+SIDES = ("zllm", "llama_server")
+LLAMA_SERVER_BEST = ["--jinja", "-np", "1", "--cache-reuse", "256", "--cache-ram", "8192", "--no-webui"]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=E2E_SMOLLM2, help="DATA_DIR/models/NAME or its model.gguf")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--turns", type=int, default=16, help="main turns (the restart after turns // 2)")
+    parser.add_argument("--prompt-scale", type=float, default=1.0, help="shorten the recorded prompt (0 < s <= 1)")
+    parser.add_argument("--context", type=int, default=0, help="both servers' window (0: the model's)")
+    parser.add_argument("--speculative", action="store_true", help="zllm --speculative vs llama-server --spec-default")
+    parser.add_argument("--llama-server", type=Path, default=Path("/tmp/llama-tools/bin/llama-server"))
+    parser.add_argument("--request", type=Path, default=None, help="a recorded Claude Code request body (JSON)")
+    parser.add_argument("--claude", default=None, help="the claude CLI to record one with if none is recorded")
+    parser.add_argument("--echo-tokens", type=int, default=512)
+    parser.add_argument("--json", action="store_true", help="also one JSON line per request")
+    args = parser.parse_args()
+    if not args.llama_server.is_file():
+        parser.error(f"no llama-server at {args.llama_server}: run bench/build_llama_tools.sh")
+    if not 0 < args.prompt_scale <= 1:
+        parser.error("--prompt-scale must be in (0, 1]")
+    return args
+
+
+def model_dir_of(path: Path) -> Path:
+    model_dir = path.parent if path.suffix == ".gguf" else path
+    if model_dir.parent.name != "models" or not (model_dir / "model.gguf").is_file():
+        sys.exit(f"error: {path} is not a model in a zllm store (DATA_DIR/models/NAME/model.gguf): "
+                 "`zllm pull` the GGUF first")
+    return model_dir.resolve()
+
+
+def model_window(model_dir: Path) -> int:
+    manifest = json.loads((model_dir / "zllm-manifest.json").read_text())
+    return int(manifest.get("context_length") or 0)
+
+
+def servers(args, model_dir: Path, context: int, scratch: Path) -> dict[str, Server]:
+    zllm_env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
+                "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run"),
+                "ZLLM_CONFIG": str(scratch / "config.toml"), "HF_HUB_OFFLINE": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                            os.environ.get("PYTHONPATH")]))}
+    (scratch / "config.toml").write_text("")
+    zllm_port, llama_port = free_port(), free_port()
+    threads = str(args.threads)
+    zllm = [*zllm_command(), "serve", "--model", model_dir.name, "--threads", threads, "--port", str(zllm_port),
+            "--context-length", str(context)] + (["--speculative"] if args.speculative else [])
+    llama = [str(args.llama_server), "-m", str(model_dir / "model.gguf"), "-t", threads, "-tb", threads,
+             "-c", str(context), "--port", str(llama_port), *LLAMA_SERVER_BEST] + (
+                 ["--spec-default"] if args.speculative else [])
+    return {"zllm": Server("zllm", zllm, zllm_port, zllm_env, scratch),
+            "llama_server": Server("llama_server", llama, llama_port, dict(os.environ), scratch)}
+
+
+@dataclass
+class Result:
+    """One request on one server, as the client saw it."""
+
+    wall: float = 0.0
+    ttft: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    stop_reason: str | None = None
+    text: str = ""
+    usage: dict = field(default_factory=dict)
+
+    @property
+    def decode(self) -> float:
+        return self.wall - self.ttft
+
+
+def send(port: int, body: dict, model: str) -> Result:
+    """POST /v1/messages (streaming) and read the SSE to its end: TTFT at the first content delta."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    payload = json.dumps({**body, "model": model}).encode()
+    started = time.perf_counter()
+    connection.request("POST", "/v1/messages", body=payload, headers={
+        "content-type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": "sk-bench"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"port {port}: HTTP {response.status}: {response.read()[:2000]!r}")
+    result, usage, event = Result(), {}, None
+    for raw in response:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+            event = data.get("type") or event  # a data-only frame names its event in "type"
+            if event == "content_block_delta":
+                if not result.ttft:
+                    result.ttft = time.perf_counter() - started
+                delta = data.get("delta", {})
+                result.text += delta.get("text") or delta.get("partial_json") or delta.get("thinking") or ""
+            elif event in ("message_start", "message_delta"):
+                usage.update({k: v for k, v in ((data.get("message") or {}).get("usage") or data.get("usage")
+                                                or {}).items() if v is not None})
+                result.stop_reason = (data.get("delta") or {}).get("stop_reason") or result.stop_reason
+            elif event == "error":
+                raise RuntimeError(f"port {port}: {data}")
+    result.wall = time.perf_counter() - started
+    connection.close()
+    result.ttft = result.ttft or result.wall
+    cached = usage.get("cache_read_input_tokens", 0) or 0
+    result.prompt_tokens = (usage.get("input_tokens", 0) or 0) + cached + (usage.get("cache_creation_input_tokens", 0)
+                                                                         or 0)
+    result.cached_tokens, result.output_tokens, result.usage = cached, usage.get("output_tokens", 0) or 0, usage
+    return result
+
+
+def turn_line(step: Step, results: dict[str, Result]) -> str:
+    z, l = results["zllm"], results["llama_server"]
+    return (f"{step.name:<13} {z.prompt_tokens:>6}/{l.prompt_tokens:<6} {z.cached_tokens:>6}/{l.cached_tokens:<6} "
+            f"{z.ttft:8.2f} {l.ttft:8.2f} {z.decode:7.2f} {l.decode:7.2f} {z.output_tokens:>4}/{l.output_tokens:<4} "
+            f"{z.wall:8.2f} {l.wall:8.2f} {z.wall / l.wall:6.2f}")
+
+
+HEADER = (f"{'step':<13} {'prompt z/l':>13} {'cached z/l':>13} {'ttft z':>8} {'ttft l':>8} {'dec z':>7} {'dec l':>7} "
+          f"{'out z/l':>9} {'wall z':>8} {'wall l':>8} {'ratio':>6}")
+
+
+def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
+    out = []
+    for phase in ("total", "before", "after"):
+        chosen = [r for p, _, r in rows if phase == "total" or p == phase]
+        if not chosen:
+            continue
+        sums = {side: {key: round(sum(getattr(r[side], key) for r in chosen), 2)
+                       for key in ("wall", "ttft", "decode", "prompt_tokens", "cached_tokens", "output_tokens")}
+                for side in SIDES}
+        out.append({"phase": phase, "requests": len(chosen),
+                    "ratio": round(sums["zllm"]["wall"] / sums["llama_server"]["wall"], 3),
+                    "ttft_ratio": round(sums["zllm"]["ttft"] / max(sums["llama_server"]["ttft"], 1e-9), 3), **sums})
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    model_dir = model_dir_of(args.model)
+    context = args.context or model_window(model_dir)
+    recorded = load_or_record(args.request, args.claude)
+    steps = session_steps(recorded, args.turns, args.prompt_scale, echo_tokens=args.echo_tokens)
+    scratch = Path(tempfile.mkdtemp(prefix="zllm-bench-session-"))
+    pair = servers(args, model_dir, context, scratch)
+    print(f"# model {model_dir} window {context} threads {args.threads} turns {args.turns} "
+          f"scale {args.prompt_scale} speculative {args.speculative}")
+    print("# llama-server: " + " ".join(pair["llama_server"].command[1:]))
+    print("# zllm: " + " ".join(pair["zllm"].command[-10:]))
+    rows, phase, order = [], "before", list(SIDES)
+    try:
+        for server in pair.values():
+            server.start()
+            send(server.port, {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1}, model_dir.name)
+        print(HEADER, flush=True)
+        for step in steps:
+            if step.kind == "restart":
+                for server in pair.values():
+                    server.stop()
+                for server in pair.values():
+                    server.start()
+                    send(server.port, {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1},
+                         model_dir.name)
+                phase = "after"
+                print("# both servers restarted", flush=True)
+                continue
+            results = {side: send(pair[side].port, step.body, model_dir.name) for side in order}
+            order.reverse()  # the other server goes first next time
+            rows.append((phase, step, results))
+            print(turn_line(step, results), flush=True)
+            if args.json:
+                print(json.dumps({"bench": "session", "step": step.name, "kind": step.kind, "phase": phase,
+                                  **{side: {**vars(r), "decode": r.decode, "text": r.text[:200]}
+                                     for side, r in results.items()}}), flush=True)
+    finally:
+        for server in pair.values():
+            server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    apart = [step.name for _, step, r in rows
+             if abs(r["zllm"].prompt_tokens - r["llama_server"].prompt_tokens) > 0.1 * r["llama_server"].prompt_tokens]
+    if apart:  # e.g. a chat template that ignores tools: llama-server then never shows them to the model
+        print(f"# WARNING: the two prompts differ by more than 10% on {', '.join(apart)}: the servers do not see the "
+              "same conversation, so the ratios compare different work", flush=True)
+    for line in summary(rows):
+        print(json.dumps({"bench": "session", "speculative": args.speculative, "threads": args.threads,
+                          "turns": args.turns, "prompt_scale": args.prompt_scale, **line}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
