@@ -40,6 +40,9 @@ MUST_DERIVE = (
     "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
     "deepseek-ai-DeepSeek-V3.1", "MiniMax-M2", "MiniMax-M1", "ibm-granite-granite-4.0", "ibm-granite-granite-4.1",
     "GLM-4.6", "GLM-4.7-Flash", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
+    # ids the model writes: Mistral's nine-character ids (after the name / inside the JSON), Kimi K2's index
+    "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2",
+    "Kimi-K2-Instruct", "Kimi-K2-Thinking",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -91,7 +94,7 @@ def _derived(derivations, name):
 # ------------------------------------------------------------------------------------------ the conversation
 
 USER = Message("user", "Weather in Paris for 3 days, then search rain.")
-CALLS = (ToolCall("call_1", "get_weather", json.dumps({"city": "paris", "days": 3})),
+CALLS = (ToolCall("call_1", "get_weather", json.dumps({"city": "paris", "days": 3, "metric": True})),
          ToolCall("call_2", "search", json.dumps({"query": 'rain <b> "x"'})))
 
 
@@ -132,8 +135,9 @@ def _as_message(events) -> Message:
             calls.append([event.id, event.name, ""])
         elif isinstance(event, ToolCallEnd):
             calls[-1][2] = event.arguments
-    return Message("assistant", text, tool_calls=tuple(ToolCall(f"call_{i + 1}", n, a) for i, (_, n, a) in
-                                                       enumerate(calls)), reasoning=reasoning or None)
+    # the parser's ids kept: a format that writes the model's own id carries it on them (derived/ids.py)
+    return Message("assistant", text, tool_calls=tuple(ToolCall(i, n, a) for i, n, a in calls),
+                   reasoning=reasoning or None)
 
 
 # ------------------------------------------------------------------------------------------ the tests

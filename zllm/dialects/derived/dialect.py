@@ -45,7 +45,7 @@ class DerivedDialect(Dialect):
         self.thinking_default = fmt.reasons
 
     def render(self, conversation: Conversation, template: ChatTemplate | None = None) -> str:
-        return render_conversation(self.template, conversation)
+        return render_conversation(self.template, conversation, self.format)
 
     def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
                new_call_id: Callable[[], str]) -> StreamParser:

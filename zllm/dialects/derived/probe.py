@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Iterable
 
-from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, STRICT_ID, CallFormat
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 
 USER = "zq-user"
@@ -38,8 +38,13 @@ class NotDerivable(ValueError):
     """The template's calls cannot be described (or do not come back the same way): the reason, in words."""
 
 
-def call(name: str, arguments: dict, index: int = 0) -> dict:
-    return {"id": f"call_zq{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def call(name: str, arguments: dict, index: int = 0, call_id: str = "") -> dict:
+    # nine letters and digits: the one id shape every template takes (Mistral's insist on it)
+    return {"id": call_id or _probe_id(index), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _probe_id(index: int) -> str:
+    return f"zqidaaaa{index}"
 
 
 def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = ()) -> CallFormat:
@@ -73,7 +78,8 @@ class _Prober:
         if not full.startswith(self.gen):
             raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
-        return full[len(self.gen):]
+        # a call id the template writes is what the model invents: a slot in the format, not literal text
+        return full[len(self.gen):].replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
 
     # ---------------------------------------------------------------------------------- derivation
 
@@ -85,15 +91,35 @@ class _Prober:
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         if NAME_A not in one:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
-        if "call_zq0" in one:
-            raise NotDerivable("the template writes call ids the model would have to invent (not derivable yet)")
         if json.dumps({K1: V1}, ensure_ascii=False) in one:
             fmt = self._json_calls(lead, tail)
         elif K1 in one and V1 in one:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        return self._with_reasoning(self._with_content(fmt, lead), lead, tail)
+        return self._with_slot(self._with_reasoning(self._with_content(fmt, lead), lead, tail))
+
+    def _with_slot(self, fmt: CallFormat) -> CallFormat:
+        """Where the call's id (or index) is written, and which ids the template accepts."""
+        slots = {slot for literal in (fmt.section_open, fmt.call_open, fmt.name_close, fmt.call_close, fmt.call_sep,
+                                      fmt.section_close, fmt.param_open, fmt.param_mid, fmt.param_close,
+                                      fmt.content_sep, fmt.think_open, fmt.think_close, fmt.turn_end)
+                 for slot in SLOTS if slot in literal}
+        if not slots:
+            return fmt
+        held = [name for name in ("name_close", "call_close") if any(s in getattr(fmt, name) for s in slots)]
+        if len(slots) > 1 or len(held) != 1 or fmt.tagged or any(
+                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held):
+            raise NotDerivable("the call's id or index is written where zllm cannot read it back (only once, "
+                               "after the name or after the arguments of a JSON call)")
+        slot = next(iter(slots))
+        pattern = ""
+        if slot == ID_SLOT:
+            try:
+                self.turn(tool_calls=[call(NAME_A, {K1: V1}, call_id="call_zq_long")])
+            except NotDerivable:
+                pattern = STRICT_ID
+        return _replace(fmt, slot=slot, id_pattern=pattern)
 
     def _body(self, turn: str, lead: str) -> str:
         if not turn.startswith(lead):
@@ -113,8 +139,9 @@ class _Prober:
             return self._single_call(before, after, tail, name_close=name_close)
         n2 = _find(two, NAME_B, s1)
         mid = two[s1 + len(_json(a1)):n2]
-        if two[n2 + len(NAME_B):].partition(_json(a2))[0] != name_close:
-            raise NotDerivable("the second call's name and arguments are not joined like the first's")
+        second_close = two[n2 + len(NAME_B):].partition(_json(a2))[0]
+        if second_close != name_close:
+            name_close = _indexed(name_close, second_close)
         return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
                            arguments="json", name_close=name_close)
 
@@ -153,7 +180,26 @@ class _Prober:
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
         return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
                            two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
-                           param_open=param_open, param_mid=param_mid, param_close=param_close)
+                           param_open=param_open, param_mid=param_mid, param_close=param_close,
+                           constants=self._constants(lead, param_mid, param_close))
+
+    def _constants(self, lead: str, param_mid: str, param_close: str) -> str:
+        """How a tagged value spells true / false / null: Qwen3-Coder's template writes a non-string value with
+        `| string` (Python's `True`, `None`), an object or array with `tojson` (JSON's `true` inside)."""
+        def written(value) -> str:
+            turn = self._body(self.turn(tool_calls=[call(NAME_B, {KN: value})]), lead)
+            start = _find(turn, KN + param_mid) + len(KN + param_mid)
+            return turn[start:_find(turn, param_close, start)]
+
+        spelled = (written(True), written(False), written(None))
+        if spelled not in (("true", "false", "null"), ("True", "False", "None")):
+            raise NotDerivable(f"true / false / null values are written {spelled}, neither as JSON nor as Python")
+        nested = {"a": [True, None, 1]}
+        if written(nested) == json.dumps(nested, ensure_ascii=False):
+            return "python" if spelled[0] == "True" else ""
+        if spelled[0] == "True" and written(nested) == str(nested):
+            return "python-objects"  # Seed-OSS: `| string` on everything, objects as Python literals too
+        raise NotDerivable("an object value is written neither as JSON nor as a Python literal")
 
     def _frame(self, before: str, mid: str, after: str, after_two: str, tail: str, **parts) -> CallFormat:
         """The literals around calls: `before` the first name (section + call opener), `mid` between one call's
@@ -195,6 +241,9 @@ class _Prober:
 
     def _with_reasoning(self, fmt: CallFormat, lead: str, tail: str) -> CallFormat:
         turn = self.turn(content=TEXT, reasoning_content=THINK)
+        if THINK not in turn:  # Kimi K2 Thinking keeps reasoning only in turns that call tools
+            with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            turn = with_call if THINK in with_call and with_call.index(THINK) < with_call.find(TEXT) else turn
         if THINK not in turn:
             return _replace(fmt, think_open=_leading_marker(lead, self), think_close=lead) if lead.strip() else fmt
         think_open, rest = turn.split(THINK, 1)
@@ -242,6 +291,15 @@ class _Prober:
         while size and (self._inside_marker(a, size) is not None or self._inside_marker(b, size) is not None):
             size -= 1
         return a[:size]
+
+
+def _indexed(first: str, second: str) -> str:
+    """The first call's name closer with the call's index as a slot (Kimi K2's `:0<|...|>` / `:1<|...|>`)."""
+    if len(first) == len(second):
+        differ = [i for i, (a, b) in enumerate(zip(first, second)) if a != b]
+        if len(differ) == 1 and (first[differ[0]], second[differ[0]]) == ("0", "1"):
+            return first[:differ[0]] + INDEX_SLOT + first[differ[0] + 1:]
+    raise NotDerivable("the second call's name and arguments are not joined like the first's")
 
 
 def _leading_marker(lead: str, prober: _Prober) -> str:
