@@ -313,3 +313,115 @@ def test_registry_keeps_hand_written_hermes_and_derives_the_others(templates):
     coder = choose_dialect(TokenizerFacts(qwen_vocab, templates["Qwen3-Coder"]))
     assert coder.name == "derived" and "<parameter=" in coder.reason
     assert choose_dialect(TokenizerFacts(frozenset(), templates["unsloth-mistral-Devstral-Small-2507"])).name == "derived"
+
+
+# ------------------------------------------------------------------------------------------ values, ids, indexes
+
+
+def _events_of(dialect, text):
+    return _as_message(_parse(dialect, text))
+
+
+def test_python_spelled_values_are_typed_by_the_schema(derivations):
+    """Qwen3-Coder writes a non-string value with `| string`: `True`, `None`; Seed-OSS an object as a Python
+    literal too. Read back as JSON by the tool's schema, written back as the template spells them."""
+    assert [derivations[n].dialect.format.constants for n in ("Qwen3-Coder", "Qwen3.5-4B", "ByteDance-Seed-OSS",
+                                                              "GLM-4.6")] == ["python", "python", "python-objects", ""]
+    coder = derivations["Qwen3-Coder"].dialect
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nTrue\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=metric>\nFalse\n</parameter>\n</function>\n</tool_call>")
+    (got,) = _events_of(coder, text).tool_calls
+    assert json.loads(got.arguments) == {"city": "True", "days": 3, "metric": False}  # city is a string: raw
+    again = coder.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                      add_generation_prompt=False))
+    assert text in again
+    seed = derivations["ByteDance-Seed-OSS"].dialect
+    nested = ("<seed:tool_call>\n<function=get_weather>\n<parameter=city>paris</parameter>\n<parameter=days>"
+              "{'a': [True, None, 1]}</parameter>\n</function>\n</seed:tool_call>")
+    (got,) = _events_of(seed, nested).tool_calls
+    assert json.loads(got.arguments) == {"city": "paris", "days": {"a": [True, None, 1]}}
+
+
+def test_the_fence_spells_booleans_as_the_template_does(derivations, stand_in):
+    coder = derivations["Qwen3-Coder"].dialect
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "get_weather"))
+    head = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nparis\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=metric>\n")
+    for value, accepted in (("True", True), ("False", True), ("true", False), ("1", False)):
+        matcher = _matcher(coder, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(head + value + "\n</parameter>\n</function>\n</tool_call>",
+                                          parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, value
+
+
+@pytest.mark.parametrize("name, written", [
+    ("Mistral-Small-3.2-24B-Instruct-2506", '[TOOL_CALLS]search[CALL_ID]a1B2c3D4e[ARGS]{"query": "x"}'),
+    ("mistralai-Mistral-Nemo-Instruct-2407",
+     '[TOOL_CALLS][{"name": "search", "arguments": {"query": "x"}, "id": "a1B2c3D4e"}]'),
+])
+def test_an_id_the_model_writes_comes_back_in_the_next_prompt(name, written, derivations):
+    from zllm.api.call_ids import ANTHROPIC, shown_call_id
+    from zllm.dialects.derived.ids import written_id
+
+    dialect = derivations[name].dialect
+    assert dialect.format.id_pattern == "[A-Za-z0-9]{9}"
+    (got,) = _events_of(dialect, written).tool_calls
+    assert written_id(got.id) == "a1B2c3D4e"
+    # an Anthropic client sends it back as toolu_...: the written id still rides on it
+    for sent in (got.id, shown_call_id(got.id, ANTHROPIC)):
+        call = ToolCall(sent, got.name, got.arguments)
+        prompt = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(call,)),
+                                              Message("tool", "r", tool_call_id=sent, name="search")), TOOLS))
+        assert written in prompt and prompt.count("a1B2c3D4e") == 2
+    # an id from elsewhere (another model, a client's own): one nine-character id for the call and its result
+    foreign = ToolCall("toolu_01XYZ", "search", '{"query": "x"}')
+    prompt = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(foreign,)),
+                                          Message("tool", "r", tool_call_id="toolu_01XYZ")), TOOLS))
+    assert "toolu_01XYZ" not in prompt
+
+
+def test_the_fence_writes_ids_in_the_templates_shape(derivations, stand_in):
+    dialect = derivations["Mistral-Small-3.2-24B-Instruct-2506"].dialect
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "search"))
+    for call_id, accepted in (("a1B2c3D4e", True), ("abc", False), ("a1B2c3D4e5", False), ("a1B2c_D4e", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f'[TOOL_CALLS]search[CALL_ID]{call_id}[ARGS]{{"query": "x"}}',
+                                          parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, call_id
+
+
+def test_kimi_k2_call_index_is_read_and_fenced(derivations, stand_in):
+    dialect = derivations["Kimi-K2-Thinking"].dialect
+    text = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.search:7<|tool_call_argument_begin|>'
+            '{"query": "x"}<|tool_call_end|><|tool_calls_section_end|>')
+    (got,) = _events_of(dialect, text).tool_calls
+    assert (got.name, json.loads(got.arguments)) == ("search", {"query": "x"})
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "search"))
+    for index, accepted in (("7", True), ("12", True), ("x", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(text.replace(":7", f":{index}"), parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, index
+
+
+def test_the_load_check_holds_for_every_derived_template(derivations):
+    """The round-trip check the daemon runs at load (dialects/round_trip.py: two calls, a boolean, results,
+    reasoning) over each derived template, text compared: the figure in the README."""
+    from zllm.dialects.round_trip import check_round_trip
+    from zllm.prompt.stop_tokens import END_OF_TURN_TOKENS
+
+    failed = {}
+    for name, result in derivations.items():
+        if result.derived:
+            check = check_round_trip(result.dialect, None, encode=list, end_texts=(*END_OF_TURN_TOKENS, "</s>"))
+            if not check.held:
+                failed[name] = check.problem
+    held = sum(d.derived for d in derivations.values()) - len(failed)
+    print(f"\nload check: {held} of {sum(d.derived for d in derivations.values())} derived templates hold; {failed}")
+    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES, failed
+
+
+# said at load, still served: GLM-4.6 / 4.7 and Apertus end a turn with no marker of their own (the model stops
+# on the vocabulary's EOS list, which this test has no tokenizer for), so the results read as text here (with GLM's
+# vocabulary the registry picks the hand-written glm45 anyway); Reka-Edge writes "assistant: " before a turn
+# with calls and "assistant:  \n" after one read back; Apriel 1.5's JSON list of calls reads as one call
+KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "Reka-Edge", "unsloth-Apriel-1.5"}
