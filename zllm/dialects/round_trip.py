@@ -57,8 +57,19 @@ class RoundTrip:
 def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode: Callable[[str], Sequence[int]],
                      end_texts: Sequence[str] = ()) -> RoundTrip:
     """`encode`: prompt text → token ids (text compared as is when a caller has no tokenizer: `list`);
-    `end_texts`: what may end an assistant turn in the prompt (EOS / end-of-turn token text)."""
-    thinking = dialect.supports_thinking
+    `end_texts`: what may end an assistant turn in the prompt (EOS / end-of-turn token text).
+    Checked with reasoning where the family has it; a family that does not reason by default and whose template
+    drops reasoning it was given (DeepSeek V3.1) holds when its default, reasoning off, does."""
+    result = _check(dialect, template, encode, end_texts, thinking=dialect.supports_thinking)
+    if not result.held and dialect.supports_thinking and not dialect.thinking_default:
+        plain = _check(dialect, template, encode, end_texts, thinking=False)
+        if plain.held:
+            return plain
+    return result
+
+
+def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
+           end_texts: Sequence[str], *, thinking: bool) -> RoundTrip:
     ends = (*end_texts, *dialect.end_of_turn)
     try:
         sample = _sample_call(dialect, template, ends)

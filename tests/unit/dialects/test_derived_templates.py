@@ -99,9 +99,20 @@ CALLS = (ToolCall("call_1", "get_weather", json.dumps({"city": "paris", "days": 
 
 
 def _turn(dialect) -> Message:
-    calls = CALLS[:1] if dialect.format.single_call else CALLS
-    text = "Let me check." if dialect.format.text_with_calls else ""
-    return Message("assistant", text, tool_calls=calls, reasoning="I need the tools." if dialect.format.reasons else None)
+    fmt = _fmt(dialect)
+    calls = CALLS[:1] if fmt.single_call else CALLS
+    text = "Let me check." if fmt.text_with_calls else ""
+    return Message("assistant", text, tool_calls=calls, reasoning="I need the tools." if fmt.reasons else None)
+
+
+def _on(dialect) -> bool:
+    """The reasoning switch these tests run with: the template's default where it reads `enable_thinking`
+    (its format depends on it), else on (an optional reasoning block allowed)."""
+    return dialect.thinking_default if dialect.switched else True
+
+
+def _fmt(dialect):
+    return dialect.format_for(_on(dialect))
 
 
 def _results(turn: Message) -> tuple[Message, ...]:
@@ -110,17 +121,18 @@ def _results(turn: Message) -> tuple[Message, ...]:
 
 def _output(dialect):
     """(prompt, the model's output for the turn, the end-of-turn marker after it)."""
-    prompt = dialect.render(Conversation((USER,), TOOLS))
-    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False))
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
+    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False, thinking=_on(dialect)))
     assert full.startswith(prompt)
     output = full[len(prompt):]
-    end = dialect.format.turn_end
+    end = _fmt(dialect).turn_end
     at = output.rfind(end) if end else len(output)
     return prompt, output[:at], end
 
 
-def _parse(dialect, text, pieces=None):
-    return parse_all(lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_")),
+def _parse(dialect, text, pieces=None, thinking=None):
+    thinking = _on(dialect) if thinking is None else thinking
+    return parse_all(lambda: dialect.parser(TOOLS, thinking=thinking, new_call_id=counter("call_")),
                      pieces if pieces is not None else text)
 
 
@@ -172,8 +184,9 @@ def test_round_trip_same_text_and_tokens(name, derivations, stand_in):
     message = _as_message(_parse(dialect, output))
     assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == \
         [(c.name, json.loads(c.arguments)) for c in _turn(dialect).tool_calls]
-    again = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False))
-    original = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False))
+    again = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False, thinking=_on(dialect)))
+    original = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
+                                           thinking=_on(dialect)))
     assert again == original
     tokenizer = stand_in[0]
     assert tokenizer.encode(again, add_special_tokens=False) == tokenizer.encode(original, add_special_tokens=False)
@@ -183,7 +196,7 @@ def test_round_trip_same_text_and_tokens(name, derivations, stand_in):
 def test_parser_is_split_invariant(name, derivations, stand_in):
     dialect = _derived(derivations, name)
     _, output, _ = _output(dialect)
-    make = lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_"))  # noqa: E731
+    make = lambda: dialect.parser(TOOLS, thinking=_on(dialect), new_call_id=counter("call_"))  # noqa: E731
     events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=40)
     assert sum(isinstance(e, ToolCallEnd) for e in events) == len(_turn(dialect).tool_calls)
 
@@ -193,8 +206,8 @@ def test_next_turn_prompt_continues_this_turn(name, derivations):
     dialect = _derived(derivations, name)
     prompt, output, end = _output(dialect)
     parsed = _as_message(_parse(dialect, output))
-    following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS))
-    if dialect.format.reasons and not following.startswith(prompt + output + end):
+    following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS, thinking=_on(dialect)))
+    if _fmt(dialect).reasons and not following.startswith(prompt + output + end):
         pytest.xfail(f"{name}'s template drops the reasoning of a turn once results follow (the cache forks)")
     assert following.startswith(prompt + output + end)
 
@@ -215,8 +228,8 @@ def _matcher(dialect, spec, stand_in):
 def test_fence_accepts_the_rendered_output(name, derivations, stand_in):
     dialect = _derived(derivations, name)
     _, output, _ = _output(dialect)
-    for spec in (FenceSpec(tools=TOOLS, thinking=True),
-                 FenceSpec(tools=TOOLS, thinking=True, choice=ToolChoice("required"))):
+    for spec in (FenceSpec(tools=TOOLS, thinking=_on(dialect)),
+                 FenceSpec(tools=TOOLS, thinking=_on(dialect), choice=ToolChoice("required"))):
         if spec.choice.mode == "required" and _as_message(_parse(dialect, output)).content:
             continue  # required: calls only
         matcher = _matcher(dialect, spec, stand_in)
@@ -236,7 +249,7 @@ def test_fenced_random_calls_are_valid(name, derivations, stand_in):
         spec = FenceSpec(tools=TOOLS, choice=choice, thinking=False)
         for seed in range(samples):
             text = _sample(_matcher(dialect, spec, stand_in), stand_in, random.Random(seed))
-            message = _as_message(_parse(dialect, text))
+            message = _as_message(_parse(dialect, text, thinking=False))
             assert message.tool_calls, text
             for call in message.tool_calls:
                 assert choice.mode != "tool" or call.name == "search"
@@ -422,6 +435,29 @@ def test_the_load_check_holds_for_every_derived_template(derivations):
 
 # said at load, still served: GLM-4.6 / 4.7 and Apertus end a turn with no marker of their own (the model stops
 # on the vocabulary's EOS list, which this test has no tokenizer for), so the results read as text here (with GLM's
-# vocabulary the registry picks the hand-written glm45 anyway); Reka-Edge writes "assistant: " before a turn
-# with calls and "assistant:  \n" after one read back; Apriel 1.5's JSON list of calls reads as one call
-KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "Reka-Edge", "unsloth-Apriel-1.5"}
+# vocabulary the registry picks the hand-written glm45 anyway), nor does Hunyuan 3 (tencent-Hy3); Apriel 1.5's
+# JSON list of calls reads as one call
+KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "tencent-Hy3", "unsloth-Apriel-1.5"}
+
+
+def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
+    """Qwen3.5 reads `enable_thinking` (default on: its prompt opens `<think>\\n`); off, the prompt closes an
+    empty block and the model answers at once: the parser and the fence expect no reasoning, and the turn still
+    round-trips and continues."""
+    dialect = derivations["Qwen3.5-4B"].dialect
+    assert dialect.supports_thinking and dialect.thinking_default and set(dialect.switched) == {True, False}
+    on = dialect.render(Conversation((USER,), TOOLS, thinking=True))
+    off = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n")
+    output = "Let me check.\n\n<tool_call>\n<function=search>\n<parameter=query>\nrain\n</parameter>\n</function>\n</tool_call>"
+    message = _as_message(_parse(dialect, output, thinking=False))
+    assert (message.content, message.reasoning, len(message.tool_calls)) == ("Let me check.", None, 1)
+    assert _as_message(_parse(dialect, output, thinking=True)).reasoning  # on: the same text is reasoning
+    full = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False, thinking=False))
+    assert full.startswith(off + output)
+    tokens = stand_in[1].tokenize_str(output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(tokens) == len(tokens), matcher.get_error()
+    reasoning_first = stand_in[1].tokenize_str("I think.\n</think>\n\n" + output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(reasoning_first) < len(reasoning_first)

@@ -47,14 +47,33 @@ def _probe_id(index: int) -> str:
     return f"zqidaaaa{index}"
 
 
-def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = ()) -> CallFormat:
-    probe = _Prober(template, tuple(markers))
+def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **variables) -> CallFormat:
+    """`variables`: template variables every probe renders with (`enable_thinking=False`)."""
+    probe = _Prober(template, tuple(markers), variables)
     return probe.derive()
 
 
+def thinking_switch(template: JinjaChatTemplate) -> bool | None:
+    """Whether the template's generation prompt follows `enable_thinking`: None when it does not, else the
+    setting it uses when the variable is not given (Qwen3.5: True, DeepSeek V3.1: False)."""
+    if "enable_thinking" not in template.source:
+        return None
+    try:
+        prompts = [template([{"role": "user", "content": USER}], tools=PROBE_TOOLS, add_generation_prompt=True,
+                            **({} if setting is None else {"enable_thinking": setting}))
+                   for setting in (None, True, False)]
+    except Exception:
+        return None
+    default, on, off = prompts
+    if on == off or default not in (on, off):
+        return None
+    return default == on
+
+
 class _Prober:
-    def __init__(self, template: JinjaChatTemplate, markers: tuple[str, ...]):
+    def __init__(self, template: JinjaChatTemplate, markers: tuple[str, ...], variables: dict | None = None):
         self.template = template
+        self.variables = variables or {}
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
@@ -62,7 +81,7 @@ class _Prober:
 
     def _render(self, messages: list[dict], *, generation: bool) -> str:
         try:
-            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation)
+            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation, **self.variables)
         except Exception as exc:  # jinja errors, raise_exception(...), a template that insists on its own shape
             raise NotDerivable(f"the template fails on a probe conversation: {type(exc).__name__}: {exc}") from exc
 
@@ -70,10 +89,13 @@ class _Prober:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
         full = self._render([{"role": "user", "content": USER}, message], generation=False)
-        if not full.startswith(self.gen) and "reasoning_content" not in message:
+        for reasoning in (THINK, ""):
+            if full.startswith(self.gen) or "reasoning_content" in assistant:
+                break
             # a generation prompt that opens reasoning (`<think>\n`): the model always reasons, and a turn
-            # extends that prompt only with its reasoning in it
-            message["reasoning_content"] = THINK
+            # extends that prompt only with its reasoning in it; one that closes an empty block (Qwen3.5 with
+            # `enable_thinking` off): a turn extends it with its reasoning empty
+            message["reasoning_content"] = reasoning
             full = self._render([{"role": "user", "content": USER}, message], generation=False)
         if not full.startswith(self.gen):
             raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
@@ -240,12 +262,21 @@ class _Prober:
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
 
     def _with_reasoning(self, fmt: CallFormat, lead: str, tail: str) -> CallFormat:
-        turn = self.turn(content=TEXT, reasoning_content=THINK)
+        try:
+            turn = self.turn(content=TEXT, reasoning_content=THINK)
+        except NotDerivable:  # reasoning written where the prompt closed it (`enable_thinking` off): none
+            return fmt
         if THINK not in turn:  # Kimi K2 Thinking keeps reasoning only in turns that call tools
             with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
             turn = with_call if THINK in with_call and with_call.index(THINK) < with_call.find(TEXT) else turn
         if THINK not in turn:
-            return _replace(fmt, think_open=_leading_marker(lead, self), think_close=lead) if lead.strip() else fmt
+            if not lead.strip():
+                return fmt
+            first = _leading_marker(lead, self)
+            if first.startswith("</") and self.gen.endswith("<" + first[2:]):
+                # the prompt opened the block and the template drops what was in it (DeepSeek V3.1, thinking on)
+                return _replace(fmt, think_close=lead, gen_in_think=True)
+            return _replace(fmt, think_open=first, think_close=lead)
         think_open, rest = turn.split(THINK, 1)
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")

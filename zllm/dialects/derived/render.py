@@ -13,10 +13,11 @@ from zllm.dialects.derived.ids import template_id
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 
 
-def render_conversation(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None = None) -> str:
+def render_conversation(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None = None,
+                        **variables) -> str:
     tools = [tool_spec(tool) for tool in conversation.tools] or None
     return template([message_dict(m, fmt) for m in conversation.messages], tools=tools,
-                    add_generation_prompt=conversation.add_generation_prompt)
+                    add_generation_prompt=conversation.add_generation_prompt, **variables)
 
 
 def message_dict(message: Message, fmt: CallFormat | None = None) -> dict:
