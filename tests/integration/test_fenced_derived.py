@@ -1,7 +1,8 @@
 """The fenced-generation tests (test_fenced_generation.py) over derived dialects: the tiny RANDOM-weight Qwen model
 with a real template swapped in (Qwen3-Coder: per-parameter tags, a boolean written `True`; Mistral Nemo: an id
-the model writes, nine letters and digits; Small 3.2's system prompt overflows the tiny model's 512 positions), chosen by the registry from the template ("auto"), through the
-engine client's real decode path. 6 seeds a case by default (ZLLM_FENCE_SEEDS sets it)."""
+the model writes, nine letters and digits; Small 3.2's system prompt overflows the tiny model's 512 positions),
+chosen by the registry from the template ("auto"), through the engine client's real decode path. 6 seeds a case
+by default (ZLLM_FENCE_SEEDS sets it)."""
 
 from __future__ import annotations
 

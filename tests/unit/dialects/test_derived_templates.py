@@ -122,7 +122,8 @@ def _results(turn: Message) -> tuple[Message, ...]:
 def _output(dialect):
     """(prompt, the model's output for the turn, the end-of-turn marker after it)."""
     prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
-    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False, thinking=_on(dialect)))
+    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
+                                       thinking=_on(dialect)))
     assert full.startswith(prompt)
     output = full[len(prompt):]
     end = _fmt(dialect).turn_end
@@ -449,7 +450,8 @@ def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
     on = dialect.render(Conversation((USER,), TOOLS, thinking=True))
     off = dialect.render(Conversation((USER,), TOOLS, thinking=False))
     assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n")
-    output = "Let me check.\n\n<tool_call>\n<function=search>\n<parameter=query>\nrain\n</parameter>\n</function>\n</tool_call>"
+    output = ("Let me check.\n\n<tool_call>\n<function=search>\n<parameter=query>\nrain\n</parameter>\n</function>\n"
+              "</tool_call>")
     message = _as_message(_parse(dialect, output, thinking=False))
     assert (message.content, message.reasoning, len(message.tool_calls)) == ("Let me check.", None, 1)
     assert _as_message(_parse(dialect, output, thinking=True)).reasoning  # on: the same text is reasoning
