@@ -40,6 +40,9 @@ MUST_DERIVE = (
     "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
     "deepseek-ai-DeepSeek-V3.1", "MiniMax-M2", "MiniMax-M1", "ibm-granite-granite-4.0", "ibm-granite-granite-4.1",
     "GLM-4.6", "GLM-4.7-Flash", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
+    # ids the model writes: Mistral's nine-character ids (after the name / inside the JSON), Kimi K2's index
+    "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2",
+    "Kimi-K2-Instruct", "Kimi-K2-Thinking",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -91,14 +94,25 @@ def _derived(derivations, name):
 # ------------------------------------------------------------------------------------------ the conversation
 
 USER = Message("user", "Weather in Paris for 3 days, then search rain.")
-CALLS = (ToolCall("call_1", "get_weather", json.dumps({"city": "paris", "days": 3})),
+CALLS = (ToolCall("call_1", "get_weather", json.dumps({"city": "paris", "days": 3, "metric": True})),
          ToolCall("call_2", "search", json.dumps({"query": 'rain <b> "x"'})))
 
 
 def _turn(dialect) -> Message:
-    calls = CALLS[:1] if dialect.format.single_call else CALLS
-    text = "Let me check." if dialect.format.text_with_calls else ""
-    return Message("assistant", text, tool_calls=calls, reasoning="I need the tools." if dialect.format.reasons else None)
+    fmt = _fmt(dialect)
+    calls = CALLS[:1] if fmt.single_call else CALLS
+    text = "Let me check." if fmt.text_with_calls else ""
+    return Message("assistant", text, tool_calls=calls, reasoning="I need the tools." if fmt.reasons else None)
+
+
+def _on(dialect) -> bool:
+    """The reasoning switch these tests run with: the template's default where it reads `enable_thinking`
+    (its format depends on it), else on (an optional reasoning block allowed)."""
+    return dialect.thinking_default if dialect.switched else True
+
+
+def _fmt(dialect):
+    return dialect.format_for(_on(dialect))
 
 
 def _results(turn: Message) -> tuple[Message, ...]:
@@ -107,17 +121,19 @@ def _results(turn: Message) -> tuple[Message, ...]:
 
 def _output(dialect):
     """(prompt, the model's output for the turn, the end-of-turn marker after it)."""
-    prompt = dialect.render(Conversation((USER,), TOOLS))
-    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False))
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
+    full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
+                                       thinking=_on(dialect)))
     assert full.startswith(prompt)
     output = full[len(prompt):]
-    end = dialect.format.turn_end
+    end = _fmt(dialect).turn_end
     at = output.rfind(end) if end else len(output)
     return prompt, output[:at], end
 
 
-def _parse(dialect, text, pieces=None):
-    return parse_all(lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_")),
+def _parse(dialect, text, pieces=None, thinking=None):
+    thinking = _on(dialect) if thinking is None else thinking
+    return parse_all(lambda: dialect.parser(TOOLS, thinking=thinking, new_call_id=counter("call_")),
                      pieces if pieces is not None else text)
 
 
@@ -132,8 +148,9 @@ def _as_message(events) -> Message:
             calls.append([event.id, event.name, ""])
         elif isinstance(event, ToolCallEnd):
             calls[-1][2] = event.arguments
-    return Message("assistant", text, tool_calls=tuple(ToolCall(f"call_{i + 1}", n, a) for i, (_, n, a) in
-                                                       enumerate(calls)), reasoning=reasoning or None)
+    # the parser's ids kept: a format that writes the model's own id carries it on them (derived/ids.py)
+    return Message("assistant", text, tool_calls=tuple(ToolCall(i, n, a) for i, n, a in calls),
+                   reasoning=reasoning or None)
 
 
 # ------------------------------------------------------------------------------------------ the tests
@@ -158,7 +175,7 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Apertus-8B-Instruct", "Bielik-11B-v3.0-Instruct", "MiMo-VL", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
-                "Spark2.5")
+                "Spark2.5", "tencent-Hy3")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))
@@ -168,8 +185,9 @@ def test_round_trip_same_text_and_tokens(name, derivations, stand_in):
     message = _as_message(_parse(dialect, output))
     assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == \
         [(c.name, json.loads(c.arguments)) for c in _turn(dialect).tool_calls]
-    again = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False))
-    original = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False))
+    again = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False, thinking=_on(dialect)))
+    original = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
+                                           thinking=_on(dialect)))
     assert again == original
     tokenizer = stand_in[0]
     assert tokenizer.encode(again, add_special_tokens=False) == tokenizer.encode(original, add_special_tokens=False)
@@ -179,7 +197,7 @@ def test_round_trip_same_text_and_tokens(name, derivations, stand_in):
 def test_parser_is_split_invariant(name, derivations, stand_in):
     dialect = _derived(derivations, name)
     _, output, _ = _output(dialect)
-    make = lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_"))  # noqa: E731
+    make = lambda: dialect.parser(TOOLS, thinking=_on(dialect), new_call_id=counter("call_"))  # noqa: E731
     events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=40)
     assert sum(isinstance(e, ToolCallEnd) for e in events) == len(_turn(dialect).tool_calls)
 
@@ -189,8 +207,8 @@ def test_next_turn_prompt_continues_this_turn(name, derivations):
     dialect = _derived(derivations, name)
     prompt, output, end = _output(dialect)
     parsed = _as_message(_parse(dialect, output))
-    following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS))
-    if dialect.format.reasons and not following.startswith(prompt + output + end):
+    following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS, thinking=_on(dialect)))
+    if _fmt(dialect).reasons and not following.startswith(prompt + output + end):
         pytest.xfail(f"{name}'s template drops the reasoning of a turn once results follow (the cache forks)")
     assert following.startswith(prompt + output + end)
 
@@ -211,8 +229,8 @@ def _matcher(dialect, spec, stand_in):
 def test_fence_accepts_the_rendered_output(name, derivations, stand_in):
     dialect = _derived(derivations, name)
     _, output, _ = _output(dialect)
-    for spec in (FenceSpec(tools=TOOLS, thinking=True),
-                 FenceSpec(tools=TOOLS, thinking=True, choice=ToolChoice("required"))):
+    for spec in (FenceSpec(tools=TOOLS, thinking=_on(dialect)),
+                 FenceSpec(tools=TOOLS, thinking=_on(dialect), choice=ToolChoice("required"))):
         if spec.choice.mode == "required" and _as_message(_parse(dialect, output)).content:
             continue  # required: calls only
         matcher = _matcher(dialect, spec, stand_in)
@@ -232,14 +250,14 @@ def test_fenced_random_calls_are_valid(name, derivations, stand_in):
         spec = FenceSpec(tools=TOOLS, choice=choice, thinking=False)
         for seed in range(samples):
             text = _sample(_matcher(dialect, spec, stand_in), stand_in, random.Random(seed))
-            message = _as_message(_parse(dialect, text))
+            message = _as_message(_parse(dialect, text, thinking=False))
             assert message.tool_calls, text
             for call in message.tool_calls:
                 assert choice.mode != "tool" or call.name == "search"
                 assert valid(TOOLS_BY_NAME[call.name], call.arguments), (text, call)
 
 
-def _sample(matcher, stand_in, rng, limit=400) -> str:
+def _sample(matcher, stand_in, rng, limit=1200) -> str:
     """Tokens drawn at random among those the fence allows (structural ones favoured, so values end)."""
     import llguidance.numpy
     import numpy as np
@@ -309,3 +327,139 @@ def test_registry_keeps_hand_written_hermes_and_derives_the_others(templates):
     coder = choose_dialect(TokenizerFacts(qwen_vocab, templates["Qwen3-Coder"]))
     assert coder.name == "derived" and "<parameter=" in coder.reason
     assert choose_dialect(TokenizerFacts(frozenset(), templates["unsloth-mistral-Devstral-Small-2507"])).name == "derived"
+
+
+# ------------------------------------------------------------------------------------------ values, ids, indexes
+
+
+def _events_of(dialect, text):
+    return _as_message(_parse(dialect, text))
+
+
+def test_python_spelled_values_are_typed_by_the_schema(derivations):
+    """Qwen3-Coder writes a non-string value with `| string`: `True`, `None`; Seed-OSS an object as a Python
+    literal too. Read back as JSON by the tool's schema, written back as the template spells them."""
+    assert [derivations[n].dialect.format.constants for n in ("Qwen3-Coder", "Qwen3.5-4B", "ByteDance-Seed-OSS",
+                                                              "GLM-4.6")] == ["python", "python", "python-objects", ""]
+    coder = derivations["Qwen3-Coder"].dialect
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nTrue\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=metric>\nFalse\n</parameter>\n</function>\n</tool_call>")
+    (got,) = _events_of(coder, text).tool_calls
+    assert json.loads(got.arguments) == {"city": "True", "days": 3, "metric": False}  # city is a string: raw
+    again = coder.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                      add_generation_prompt=False))
+    assert text in again
+    seed = derivations["ByteDance-Seed-OSS"].dialect
+    nested = ("<seed:tool_call>\n<function=get_weather>\n<parameter=city>paris</parameter>\n<parameter=days>"
+              "{'a': [True, None, 1]}</parameter>\n</function>\n</seed:tool_call>")
+    (got,) = _events_of(seed, nested).tool_calls
+    assert json.loads(got.arguments) == {"city": "paris", "days": {"a": [True, None, 1]}}
+
+
+def test_the_fence_spells_booleans_as_the_template_does(derivations, stand_in):
+    coder = derivations["Qwen3-Coder"].dialect
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "get_weather"))
+    head = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nparis\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=metric>\n")
+    for value, accepted in (("True", True), ("False", True), ("true", False), ("1", False)):
+        matcher = _matcher(coder, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(head + value + "\n</parameter>\n</function>\n</tool_call>",
+                                          parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, value
+
+
+@pytest.mark.parametrize("name, written", [
+    ("Mistral-Small-3.2-24B-Instruct-2506", '[TOOL_CALLS]search[CALL_ID]a1B2c3D4e[ARGS]{"query": "x"}'),
+    ("mistralai-Mistral-Nemo-Instruct-2407",
+     '[TOOL_CALLS][{"name": "search", "arguments": {"query": "x"}, "id": "a1B2c3D4e"}]'),
+])
+def test_an_id_the_model_writes_comes_back_in_the_next_prompt(name, written, derivations):
+    from zllm.api.call_ids import ANTHROPIC, shown_call_id
+    from zllm.dialects.derived.ids import written_id
+
+    dialect = derivations[name].dialect
+    assert dialect.format.id_pattern == "[A-Za-z0-9]{9}"
+    (got,) = _events_of(dialect, written).tool_calls
+    assert written_id(got.id) == "a1B2c3D4e"
+    # an Anthropic client sends it back as toolu_...: the written id still rides on it
+    for sent in (got.id, shown_call_id(got.id, ANTHROPIC)):
+        call = ToolCall(sent, got.name, got.arguments)
+        prompt = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(call,)),
+                                              Message("tool", "r", tool_call_id=sent, name="search")), TOOLS))
+        assert written in prompt and prompt.count("a1B2c3D4e") == 2
+    # an id from elsewhere (another model, a client's own): one nine-character id for the call and its result
+    foreign = ToolCall("toolu_01XYZ", "search", '{"query": "x"}')
+    prompt = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(foreign,)),
+                                          Message("tool", "r", tool_call_id="toolu_01XYZ")), TOOLS))
+    assert "toolu_01XYZ" not in prompt
+
+
+def test_the_fence_writes_ids_in_the_templates_shape(derivations, stand_in):
+    dialect = derivations["Mistral-Small-3.2-24B-Instruct-2506"].dialect
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "search"))
+    for call_id, accepted in (("a1B2c3D4e", True), ("abc", False), ("a1B2c3D4e5", False), ("a1B2c_D4e", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f'[TOOL_CALLS]search[CALL_ID]{call_id}[ARGS]{{"query": "x"}}',
+                                          parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, call_id
+
+
+def test_kimi_k2_call_index_is_read_and_fenced(derivations, stand_in):
+    dialect = derivations["Kimi-K2-Thinking"].dialect
+    text = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.search:7<|tool_call_argument_begin|>'
+            '{"query": "x"}<|tool_call_end|><|tool_calls_section_end|>')
+    (got,) = _events_of(dialect, text).tool_calls
+    assert (got.name, json.loads(got.arguments)) == ("search", {"query": "x"})
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "search"))
+    for index, accepted in (("7", True), ("12", True), ("x", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(text.replace(":7", f":{index}"), parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens)) is accepted, index
+
+
+def test_the_load_check_holds_for_every_derived_template(derivations):
+    """The round-trip check the daemon runs at load (dialects/round_trip.py: two calls, a boolean, results,
+    reasoning) over each derived template, text compared: the figure in the README."""
+    from zllm.dialects.round_trip import check_round_trip
+    from zllm.prompt.stop_tokens import END_OF_TURN_TOKENS
+
+    failed = {}
+    for name, result in derivations.items():
+        if result.derived:
+            check = check_round_trip(result.dialect, None, encode=list, end_texts=(*END_OF_TURN_TOKENS, "</s>"))
+            if not check.held:
+                failed[name] = check.problem
+    held = sum(d.derived for d in derivations.values()) - len(failed)
+    print(f"\nload check: {held} of {sum(d.derived for d in derivations.values())} derived templates hold; {failed}")
+    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES, failed
+
+
+# said at load, still served: GLM-4.6 / 4.7 and Apertus end a turn with no marker of their own (the model stops
+# on the vocabulary's EOS list, which this test has no tokenizer for), so the results read as text here (with GLM's
+# vocabulary the registry picks the hand-written glm45 anyway), nor does Hunyuan 3 (tencent-Hy3); Apriel 1.5's
+# JSON list of calls reads as one call
+KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "tencent-Hy3", "unsloth-Apriel-1.5"}
+
+
+def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
+    """Qwen3.5 reads `enable_thinking` (default on: its prompt opens `<think>\\n`); off, the prompt closes an
+    empty block and the model answers at once: the parser and the fence expect no reasoning, and the turn still
+    round-trips and continues."""
+    dialect = derivations["Qwen3.5-4B"].dialect
+    assert dialect.supports_thinking and dialect.thinking_default and set(dialect.switched) == {True, False}
+    on = dialect.render(Conversation((USER,), TOOLS, thinking=True))
+    off = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n")
+    output = ("Let me check.\n\n<tool_call>\n<function=search>\n<parameter=query>\nrain\n</parameter>\n</function>\n"
+              "</tool_call>")
+    message = _as_message(_parse(dialect, output, thinking=False))
+    assert (message.content, message.reasoning, len(message.tool_calls)) == ("Let me check.", None, 1)
+    assert _as_message(_parse(dialect, output, thinking=True)).reasoning  # on: the same text is reasoning
+    full = dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False, thinking=False))
+    assert full.startswith(off + output)
+    tokens = stand_in[1].tokenize_str(output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(tokens) == len(tokens), matcher.get_error()
+    reasoning_first = stand_in[1].tokenize_str("I think.\n</think>\n\n" + output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(reasoning_first) < len(reasoning_first)

@@ -26,7 +26,7 @@ from zllm.dialects.derived.format import CallFormat
 from zllm.dialects.derived.grammar import fence_grammar
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.parse import DerivedParser
-from zllm.dialects.derived.probe import NotDerivable, derive_format, split_markers
+from zllm.dialects.derived.probe import NotDerivable, derive_format, split_markers, thinking_switch
 from zllm.dialects.derived.render import render_conversation
 
 
@@ -34,25 +34,34 @@ class DerivedDialect(Dialect):
     name = "derived"
     needs_chat_template = False  # it carries its own (the source it was derived from)
 
-    def __init__(self, fmt: CallFormat, template: JinjaChatTemplate, markers: Iterable[str] = ()):
-        self.format = fmt
+    def __init__(self, fmt: CallFormat, template: JinjaChatTemplate, markers: Iterable[str] = (), *,
+                 switched: dict[bool, CallFormat] | None = None, thinking_default: bool = False):
+        """`switched`: for a template that reads `enable_thinking`, the format under each setting (its generation
+        prompt opens or closes the reasoning block); `thinking_default` the setting it uses when not given."""
+        self.format = fmt  # under the template's defaults
+        self.switched = dict(switched or {})
         self.template = template
+        formats = (fmt, *self.switched.values())
         # each literal cut at its special markers: the fence names an added token by id, text by its bytes
-        self.markup = tuple(dict.fromkeys(piece for literal in fmt.literals()
+        self.markup = tuple(dict.fromkeys(piece for f in formats for literal in f.literals()
                                           for piece in split_markers(literal, tuple(markers)) if piece))
-        self.end_of_turn = (fmt.turn_end,) if fmt.turn_end else ()
-        self.supports_thinking = fmt.reasons
-        self.thinking_default = fmt.reasons
+        self.end_of_turn = tuple(dict.fromkeys(f.turn_end for f in formats if f.turn_end))
+        self.supports_thinking = bool(self.switched) or fmt.reasons
+        self.thinking_default = thinking_default if self.switched else fmt.reasons
+
+    def format_for(self, thinking: bool) -> CallFormat:
+        return self.switched.get(thinking, self.format)
 
     def render(self, conversation: Conversation, template: ChatTemplate | None = None) -> str:
-        return render_conversation(self.template, conversation)
+        variables = {"enable_thinking": conversation.thinking} if self.switched else {}
+        return render_conversation(self.template, conversation, self.format_for(conversation.thinking), **variables)
 
     def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
                new_call_id: Callable[[], str]) -> StreamParser:
-        return DerivedParser(self.format, tools, new_call_id, thinking=thinking)
+        return DerivedParser(self.format_for(thinking), tools, new_call_id, thinking=thinking)
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
-        return fence_grammar(spec, markup, fmt=self.format, pieces=self.markup)
+        return fence_grammar(spec, markup, fmt=self.format_for(spec.thinking), pieces=self.markup)
 
 
 @dataclass(frozen=True)
@@ -74,5 +83,14 @@ def derive_dialect(template_source: str, *, added_tokens: Iterable[str] = (), bo
         return Derivation(None, False, str(exc))
     except Exception as exc:  # a template Jinja cannot compile
         return Derivation(None, False, f"the template cannot be rendered: {type(exc).__name__}: {exc}")
-    return Derivation(DerivedDialect(fmt, template, markers), True,
-                      f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}")
+    default, switched = thinking_switch(template), {}
+    if default is not None:
+        try:
+            switched = {setting: derive_format(template, markers, enable_thinking=setting) for setting in (True, False)}
+        except NotDerivable:
+            switched = {}  # one setting cannot be described: the template's default only
+    how = ("; `enable_thinking` follows the client's reasoning switch (default "
+           f"{'on' if default else 'off'})") if switched else ""
+    return Derivation(DerivedDialect(fmt, template, markers, switched=switched, thinking_default=bool(default)), True,
+                      f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}"
+                      + how)

@@ -17,6 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# stand-ins, inside a literal, for what varies per call and is not markup (`slot`): the call's id as the model
+# invents it (Mistral's `[CALL_ID]a1B2c3D4e[ARGS]`, Nemo's `, "id": "a1B2c3D4e"}`), or its index (Kimi K2's
+# `functions.NAME:0<|tool_call_argument_begin|>`)
+ID_SLOT, INDEX_SLOT = "\x00", "\x01"
+SLOTS = (ID_SLOT, INDEX_SLOT)
+STRICT_ID = "[A-Za-z0-9]{9}"  # Mistral's templates refuse any other id
+
 
 @dataclass(frozen=True)
 class CallFormat:
@@ -37,6 +44,20 @@ class CallFormat:
     turn_end: str = ""
     text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
     single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
+    # how a tagged non-string value is written: "" JSON; "python": true / false / null as `True` / `False` /
+    # `None` (Qwen3-Coder's `| string`), objects and arrays as JSON; "python-objects": objects and arrays as
+    # Python literals too (Seed-OSS: read back, but the fence lets the model write JSON there, which the next
+    # turn's prompt spells otherwise)
+    constants: str = ""
+
+    # the slot one literal (name_close or call_close) holds, and the ids its template accepts (a regex, or ""
+    # for any id)
+    slot: str = ""
+    id_pattern: str = ""
+
+    @property
+    def python_constants(self) -> bool:
+        return self.constants.startswith("python")
 
     @property
     def tagged(self) -> bool:
@@ -57,9 +78,19 @@ class CallFormat:
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
                  self.think_close)
-        return tuple(dict.fromkeys(p for p in parts if p))
+        return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
 
     def summary(self) -> str:
         """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
         args = (f"{self.param_open}K{self.param_mid}V{self.param_close}" if self.tagged else '{"K": "V"}')
-        return f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
+        text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
+        return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
+
+
+def split_slot(literal: str) -> tuple[str, str]:
+    """`literal` around its slot: (before, after); (literal, "") without one."""
+    for slot in SLOTS:
+        if slot in literal:
+            head, _, tail = literal.partition(slot)
+            return head, tail
+    return literal, ""

@@ -20,7 +20,7 @@ import json
 
 from zllm.canonical import FunctionTool
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
-from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat
 from zllm.dialects.glm.format import is_string_schema, param_schemas
 from zllm.dialects.string_values import raw_string_terminal
 
@@ -118,11 +118,25 @@ class _Writer:
             elif is_string_schema(schema):
                 value = self.string_value(f"value_{index}_{number}", schema)
             else:
-                value = (f"%json {json.dumps({**schema, 'x-guidance': CANONICAL_JSON_GUIDANCE}, ensure_ascii=False)} "
-                         f"{self.lits(f.param_close)}")
+                value = f"{self.json_value(schema)} {self.lits(f.param_close)}"
             self.rule(rule, f"{self.lits(f.param_open + key + f.param_mid)} {value}")
             parts.append(rule if key in required else f"{rule}?")
         return parts
+
+    def json_value(self, schema: dict) -> str:
+        """A non-string value: its JSON, except that a `python_constants` format spells true / false / null
+        `True` / `False` / `None` at the top level (what its template's `| string` writes)."""
+        kinds = schema.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or ())
+        constants = [] if not self.f.python_constants else (
+            (['"True"', '"False"'] if "boolean" in kinds else []) + (['"None"'] if "null" in kinds else []))
+        rest = [kind for kind in kinds if kind not in ("boolean", "null")] if constants else kinds
+        if not constants:
+            return f"%json {json.dumps({**schema, 'x-guidance': CANONICAL_JSON_GUIDANCE}, ensure_ascii=False)}"
+        if rest:
+            narrowed = {**schema, "type": rest if len(rest) > 1 else rest[0], "x-guidance": CANONICAL_JSON_GUIDANCE}
+            constants.append(f"%json {json.dumps(narrowed, ensure_ascii=False)}")
+        return f"({' | '.join(constants)})"
 
     def string_value(self, name: str, schema: dict) -> str:
         """A raw string value then the parameter's closer: one of an enum, or text under the schema's length and
@@ -183,8 +197,20 @@ class _Writer:
         return out
 
     def lits(self, text: str) -> str:
+        """`text` as Lark: added tokens by id, the rest quoted; a slot (format.py) as the id / index it stands for."""
+        for slot in SLOTS:
+            if slot in text:
+                head, _, tail = text.partition(slot)
+                return " ".join(p for p in (self.lits(head), self.slot_terminal(slot), self.lits(tail)) if p)
         return " ".join(self.markup.lark(p) if self.markup.is_single(p) else json.dumps(p, ensure_ascii=False)
                         for p in self.pieces(text)) if text else ""
+
+    def slot_terminal(self, slot: str) -> str:
+        """A call's index (digits), or an id the model invents: the template's id shape, else a short word."""
+        if slot == INDEX_SLOT:
+            return self.terminal("CALL_INDEX", "/[0-9]{1,4}/")
+        assert slot == ID_SLOT
+        return self.terminal("CALL_ID", f"/{self.f.id_pattern}/" if self.f.id_pattern else "/[A-Za-z0-9_]{1,40}/")
 
     def rule(self, name: str, body: str, *, lazy: bool = False) -> str:
         self.lines.setdefault(name, f"{name}{'[lazy]' if lazy else ''}: {body}")

@@ -14,12 +14,15 @@ from enum import Enum, auto
 
 from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from zllm.dialects.base import StreamParser
-from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
+from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
 from zllm.dialects.scan import TagScanner
 
 _NAME_LIMIT = 256
+# a tagged value as a template's `| string` writes it (format.py `python_constants`) → its JSON
+PYTHON_CONSTANTS = {"True": "true", "False": "false", "None": "null"}
 
 
 class _State(Enum):
@@ -33,6 +36,7 @@ class _State(Enum):
     VALUE = auto()
     AFTER_PARAM = auto()  # another parameter, or the call's closer
     AFTER_CALL = auto()  # another call, or the section's end
+    SLOT = auto()  # the call's id or index, inside the name's or the call's closer (format.py `slot`)
 
 
 class DerivedParser(StreamParser):
@@ -44,6 +48,10 @@ class DerivedParser(StreamParser):
         self._openers = tuple(dict.fromkeys(o for o in (fmt.content_sep + fmt.section_open + fmt.call_open,
                                                          fmt.section_open + fmt.call_open) if o))
         self._events: list[Event] = []
+        self._slot = ""  # the id / index text read so far
+        self._started = False  # the open call's ToolCallStart is out (held until its written id is read)
+        # the literal that holds the slot: "name_close", "call_close" or ""
+        self._slot_in = next((n for n in ("name_close", "call_close") if fmt.slot and fmt.slot in getattr(fmt, n)), "")
         self._scanner = TagScanner(())
         self._start = ""
         self._state = _State.START
@@ -85,6 +93,9 @@ class DerivedParser(StreamParser):
         elif state is _State.JSON_ARGS:
             self._emit_args(held)
             self._end_call(completed=False)
+        elif state is _State.SLOT:
+            self._end_call(completed=False)
+            self._text(self._slot + held)
         elif state in (_State.KEY, _State.VALUE, _State.AFTER_PARAM, _State.CALL_CLOSE):
             if state is _State.VALUE:
                 self._value += held
@@ -117,8 +128,9 @@ class DerivedParser(StreamParser):
             _State.REASONING: (f.think_close,),
             _State.TEXT: self._openers,
             _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close) if f.tagged
-                          else (f.name_close,)),
-            _State.CALL_CLOSE: (f.call_close,),
+                          else (split_slot(f.name_close)[0],)),
+            _State.CALL_CLOSE: (split_slot(f.call_close)[0],),
+            _State.SLOT: (split_slot(getattr(f, self._slot_in or "name_close"))[1],),
             _State.KEY: (f.param_mid,),
             _State.VALUE: (f.param_close,),
             _State.AFTER_PARAM: (f.param_open, f.call_close),
@@ -152,7 +164,7 @@ class DerivedParser(StreamParser):
                 self._go(_State.NAME)
             return ""
         return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
-                _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param,
+                _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param, _State.SLOT: self._in_slot,
                 _State.AFTER_CALL: self._in_after_call}[state](text, tag)
 
     # ------------------------------------------------------------------------------------ calls
@@ -167,9 +179,14 @@ class DerivedParser(StreamParser):
             self._go(_State.TEXT)
             return tag or ""
         self._call_index += 1
-        self._events.append(ToolCallStart(self._call_index, self._new_call_id(), name))
+        self._started = False
         self._args = ""
-        if not self.f.tagged:
+        if not self._slot_in:
+            self._start_call("")
+        if self._slot_in == "name_close":
+            self._slot = ""
+            self._go(_State.SLOT)
+        elif not self.f.tagged:
             self._cursor = JsonCursor()
             self._state = _State.JSON_ARGS
         elif tag == self.f.name_close + self.f.call_close:
@@ -205,8 +222,31 @@ class DerivedParser(StreamParser):
             self._end_call(completed=True)
             self._go(_State.TEXT)
             return text + (tag or "")
+        if self._slot_in == "call_close":
+            self._slot = ""
+            self._go(_State.SLOT)
+            return ""
         self._end_call(completed=True)
         self._go(_State.AFTER_CALL)
+        return ""
+
+    def _in_slot(self, text: str, tag: str | None) -> str:
+        self._slot += text
+        if tag is None and len(self._slot) <= _NAME_LIMIT:
+            return ""
+        written = self._slot
+        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
+            self._end_call(completed=False)  # not an id: the call ends there, the rest is text
+            self._text(written)
+            self._go(_State.TEXT)
+            return tag or ""
+        self._start_call(written if self.f.slot == ID_SLOT else "")
+        if self._slot_in == "name_close":
+            self._cursor = JsonCursor()
+            self._state = _State.JSON_ARGS
+        else:
+            self._end_call(completed=True)
+            self._go(_State.AFTER_CALL)
         return ""
 
     def _in_key(self, text: str, tag: str | None) -> str:
@@ -253,14 +293,31 @@ class DerivedParser(StreamParser):
         tool = self._tools.get(self._current_name())
         head = ("{" if not self._args else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
         raw = self._value
-        value = json.dumps(raw, ensure_ascii=False) if string_param(tool, param_schemas(tool), self._key) \
-            else value_json(raw)
+        if string_param(tool, param_schemas(tool), self._key):
+            value = json.dumps(raw, ensure_ascii=False)
+        elif self.f.python_constants and raw in PYTHON_CONSTANTS:
+            value = PYTHON_CONSTANTS[raw]
+        elif self.f.constants == "python-objects":
+            value = _python_literal_json(raw)
+        else:
+            value = value_json(raw)
         self._emit_args(head + value)
 
     def _current_name(self) -> str:
         return self._name
 
+    def _start_call(self, written_id: str) -> None:
+        """The open call's ToolCallStart (with the id the model wrote, where it writes one), then any arguments
+        read before it (a format whose id follows the arguments)."""
+        call_id = self._new_call_id()
+        self._events.append(ToolCallStart(self._call_index, with_written_id(call_id, written_id), self._name))
+        self._started = True
+        if self._args:
+            self._events.append(ToolCallArgsDelta(self._call_index, self._args))
+
     def _end_call(self, *, completed: bool) -> None:
+        if not self._started:
+            self._start_call("")
         if self.f.tagged:
             self._emit_args("}" if self._args else "{}")
         self._events.append(ToolCallEnd(self._call_index, self._args))
@@ -270,7 +327,8 @@ class DerivedParser(StreamParser):
     def _emit_args(self, text: str) -> None:
         if text:
             self._args += text
-            self._events.append(ToolCallArgsDelta(self._call_index, text))
+            if self._started:
+                self._events.append(ToolCallArgsDelta(self._call_index, text))
 
     # ------------------------------------------------------------------------------------ text
 
@@ -285,3 +343,13 @@ class DerivedParser(StreamParser):
     def _take(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+
+def _python_literal_json(raw: str) -> str:
+    """A value a template wrote with `| string` (a Python literal: `{'a': True}`) as JSON; JSON text as is."""
+    import ast
+
+    try:
+        return json.dumps(ast.literal_eval(raw.strip()), ensure_ascii=False)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value_json(raw)

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Iterable
 
-from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, STRICT_ID, CallFormat
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 
 USER = "zq-user"
@@ -38,18 +38,42 @@ class NotDerivable(ValueError):
     """The template's calls cannot be described (or do not come back the same way): the reason, in words."""
 
 
-def call(name: str, arguments: dict, index: int = 0) -> dict:
-    return {"id": f"call_zq{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def call(name: str, arguments: dict, index: int = 0, call_id: str = "") -> dict:
+    # nine letters and digits: the one id shape every template takes (Mistral's insist on it)
+    return {"id": call_id or _probe_id(index), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = ()) -> CallFormat:
-    probe = _Prober(template, tuple(markers))
+def _probe_id(index: int) -> str:
+    return f"zqidaaaa{index}"
+
+
+def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **variables) -> CallFormat:
+    """`variables`: template variables every probe renders with (`enable_thinking=False`)."""
+    probe = _Prober(template, tuple(markers), variables)
     return probe.derive()
 
 
+def thinking_switch(template: JinjaChatTemplate) -> bool | None:
+    """Whether the template's generation prompt follows `enable_thinking`: None when it does not, else the
+    setting it uses when the variable is not given (Qwen3.5: True, DeepSeek V3.1: False)."""
+    if "enable_thinking" not in template.source:
+        return None
+    try:
+        prompts = [template([{"role": "user", "content": USER}], tools=PROBE_TOOLS, add_generation_prompt=True,
+                            **({} if setting is None else {"enable_thinking": setting}))
+                   for setting in (None, True, False)]
+    except Exception:
+        return None
+    default, on, off = prompts
+    if on == off or default not in (on, off):
+        return None
+    return default == on
+
+
 class _Prober:
-    def __init__(self, template: JinjaChatTemplate, markers: tuple[str, ...]):
+    def __init__(self, template: JinjaChatTemplate, markers: tuple[str, ...], variables: dict | None = None):
         self.template = template
+        self.variables = variables or {}
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
@@ -57,7 +81,7 @@ class _Prober:
 
     def _render(self, messages: list[dict], *, generation: bool) -> str:
         try:
-            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation)
+            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation, **self.variables)
         except Exception as exc:  # jinja errors, raise_exception(...), a template that insists on its own shape
             raise NotDerivable(f"the template fails on a probe conversation: {type(exc).__name__}: {exc}") from exc
 
@@ -65,15 +89,19 @@ class _Prober:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
         full = self._render([{"role": "user", "content": USER}, message], generation=False)
-        if not full.startswith(self.gen) and "reasoning_content" not in message:
+        for reasoning in (THINK, ""):
+            if full.startswith(self.gen) or "reasoning_content" in assistant:
+                break
             # a generation prompt that opens reasoning (`<think>\n`): the model always reasons, and a turn
-            # extends that prompt only with its reasoning in it
-            message["reasoning_content"] = THINK
+            # extends that prompt only with its reasoning in it; one that closes an empty block (Qwen3.5 with
+            # `enable_thinking` off): a turn extends it with its reasoning empty
+            message["reasoning_content"] = reasoning
             full = self._render([{"role": "user", "content": USER}, message], generation=False)
         if not full.startswith(self.gen):
             raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
-        return full[len(self.gen):]
+        # a call id the template writes is what the model invents: a slot in the format, not literal text
+        return full[len(self.gen):].replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
 
     # ---------------------------------------------------------------------------------- derivation
 
@@ -85,15 +113,35 @@ class _Prober:
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         if NAME_A not in one:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
-        if "call_zq0" in one:
-            raise NotDerivable("the template writes call ids the model would have to invent (not derivable yet)")
         if json.dumps({K1: V1}, ensure_ascii=False) in one:
             fmt = self._json_calls(lead, tail)
         elif K1 in one and V1 in one:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        return self._with_reasoning(self._with_content(fmt, lead), lead, tail)
+        return self._with_slot(self._with_reasoning(self._with_content(fmt, lead), lead, tail))
+
+    def _with_slot(self, fmt: CallFormat) -> CallFormat:
+        """Where the call's id (or index) is written, and which ids the template accepts."""
+        slots = {slot for literal in (fmt.section_open, fmt.call_open, fmt.name_close, fmt.call_close, fmt.call_sep,
+                                      fmt.section_close, fmt.param_open, fmt.param_mid, fmt.param_close,
+                                      fmt.content_sep, fmt.think_open, fmt.think_close, fmt.turn_end)
+                 for slot in SLOTS if slot in literal}
+        if not slots:
+            return fmt
+        held = [name for name in ("name_close", "call_close") if any(s in getattr(fmt, name) for s in slots)]
+        if len(slots) > 1 or len(held) != 1 or fmt.tagged or any(
+                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held):
+            raise NotDerivable("the call's id or index is written where zllm cannot read it back (only once, "
+                               "after the name or after the arguments of a JSON call)")
+        slot = next(iter(slots))
+        pattern = ""
+        if slot == ID_SLOT:
+            try:
+                self.turn(tool_calls=[call(NAME_A, {K1: V1}, call_id="call_zq_long")])
+            except NotDerivable:
+                pattern = STRICT_ID
+        return _replace(fmt, slot=slot, id_pattern=pattern)
 
     def _body(self, turn: str, lead: str) -> str:
         if not turn.startswith(lead):
@@ -113,8 +161,9 @@ class _Prober:
             return self._single_call(before, after, tail, name_close=name_close)
         n2 = _find(two, NAME_B, s1)
         mid = two[s1 + len(_json(a1)):n2]
-        if two[n2 + len(NAME_B):].partition(_json(a2))[0] != name_close:
-            raise NotDerivable("the second call's name and arguments are not joined like the first's")
+        second_close = two[n2 + len(NAME_B):].partition(_json(a2))[0]
+        if second_close != name_close:
+            name_close = _indexed(name_close, second_close)
         return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
                            arguments="json", name_close=name_close)
 
@@ -153,7 +202,26 @@ class _Prober:
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
         return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
                            two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
-                           param_open=param_open, param_mid=param_mid, param_close=param_close)
+                           param_open=param_open, param_mid=param_mid, param_close=param_close,
+                           constants=self._constants(lead, param_mid, param_close))
+
+    def _constants(self, lead: str, param_mid: str, param_close: str) -> str:
+        """How a tagged value spells true / false / null: Qwen3-Coder's template writes a non-string value with
+        `| string` (Python's `True`, `None`), an object or array with `tojson` (JSON's `true` inside)."""
+        def written(value) -> str:
+            turn = self._body(self.turn(tool_calls=[call(NAME_B, {KN: value})]), lead)
+            start = _find(turn, KN + param_mid) + len(KN + param_mid)
+            return turn[start:_find(turn, param_close, start)]
+
+        spelled = (written(True), written(False), written(None))
+        if spelled not in (("true", "false", "null"), ("True", "False", "None")):
+            raise NotDerivable(f"true / false / null values are written {spelled}, neither as JSON nor as Python")
+        nested = {"a": [True, None, 1]}
+        if written(nested) == json.dumps(nested, ensure_ascii=False):
+            return "python" if spelled[0] == "True" else ""
+        if spelled[0] == "True" and written(nested) == str(nested):
+            return "python-objects"  # Seed-OSS: `| string` on everything, objects as Python literals too
+        raise NotDerivable("an object value is written neither as JSON nor as a Python literal")
 
     def _frame(self, before: str, mid: str, after: str, after_two: str, tail: str, **parts) -> CallFormat:
         """The literals around calls: `before` the first name (section + call opener), `mid` between one call's
@@ -194,9 +262,21 @@ class _Prober:
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
 
     def _with_reasoning(self, fmt: CallFormat, lead: str, tail: str) -> CallFormat:
-        turn = self.turn(content=TEXT, reasoning_content=THINK)
+        try:
+            turn = self.turn(content=TEXT, reasoning_content=THINK)
+        except NotDerivable:  # reasoning written where the prompt closed it (`enable_thinking` off): none
+            return fmt
+        if THINK not in turn:  # Kimi K2 Thinking keeps reasoning only in turns that call tools
+            with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            turn = with_call if THINK in with_call and with_call.index(THINK) < with_call.find(TEXT) else turn
         if THINK not in turn:
-            return _replace(fmt, think_open=_leading_marker(lead, self), think_close=lead) if lead.strip() else fmt
+            if not lead.strip():
+                return fmt
+            first = _leading_marker(lead, self)
+            if first.startswith("</") and self.gen.endswith("<" + first[2:]):
+                # the prompt opened the block and the template drops what was in it (DeepSeek V3.1, thinking on)
+                return _replace(fmt, think_close=lead, gen_in_think=True)
+            return _replace(fmt, think_open=first, think_close=lead)
         think_open, rest = turn.split(THINK, 1)
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")
@@ -242,6 +322,15 @@ class _Prober:
         while size and (self._inside_marker(a, size) is not None or self._inside_marker(b, size) is not None):
             size -= 1
         return a[:size]
+
+
+def _indexed(first: str, second: str) -> str:
+    """The first call's name closer with the call's index as a slot (Kimi K2's `:0<|...|>` / `:1<|...|>`)."""
+    if len(first) == len(second):
+        differ = [i for i, (a, b) in enumerate(zip(first, second)) if a != b]
+        if len(differ) == 1 and (first[differ[0]], second[differ[0]]) == ("0", "1"):
+            return first[:differ[0]] + INDEX_SLOT + first[differ[0] + 1:]
+    raise NotDerivable("the second call's name and arguments are not joined like the first's")
 
 
 def _leading_marker(lead: str, prober: _Prober) -> str:

@@ -8,23 +8,27 @@ import json
 
 from zllm.canonical import FunctionTool, Message, ToolCall
 from zllm.dialects.base import Conversation
+from zllm.dialects.derived.format import CallFormat
+from zllm.dialects.derived.ids import template_id
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 
 
-def render_conversation(template: JinjaChatTemplate, conversation: Conversation) -> str:
+def render_conversation(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None = None,
+                        **variables) -> str:
     tools = [tool_spec(tool) for tool in conversation.tools] or None
-    return template([message_dict(m) for m in conversation.messages], tools=tools,
-                    add_generation_prompt=conversation.add_generation_prompt)
+    return template([message_dict(m, fmt) for m in conversation.messages], tools=tools,
+                    add_generation_prompt=conversation.add_generation_prompt, **variables)
 
 
-def message_dict(message: Message) -> dict:
+def message_dict(message: Message, fmt: CallFormat | None = None) -> dict:
+    ids = (lambda call_id: template_id(call_id, fmt)) if fmt is not None else (lambda call_id: call_id)
     out: dict = {"role": message.role, "content": message.content}
     if message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
     if message.tool_calls:
-        out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
+        out["tool_calls"] = [{**call_dict(call), "id": ids(call.id)} for call in message.tool_calls]
     if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
+        out["tool_call_id"] = ids(message.tool_call_id)
     if message.name is not None:
         out["name"] = message.name
     return out
