@@ -20,7 +20,7 @@ from tests.support.fenced_tools import Case, run
 from tests.support.step_tap import StepTap
 from tests.support.tiny_models import _cached, tiny_qwen_dir
 from zllm.canonical import ChatRequest, Message, SamplingParams, ToolCallStart, ToolChoice
-from zllm.runtime import LocalEngineClient
+from zllm.runtime.client import LocalEngineClient
 
 SEEDS = 6
 
@@ -56,7 +56,7 @@ DERIVED_CASES = [
 
 @pytest.fixture(scope="module", params=DERIVED_CASES, ids=[case.name for case in DERIVED_CASES])
 def engine(request):
-    from zllm.engine.loader import load_model
+    from zllm.engine.torch.loader import load_model
 
     case = request.param
     loaded = load_model(case.model_dir(), device="cpu", dtype="float32", threads=1)
@@ -66,8 +66,7 @@ def engine(request):
     yield case, client
     client.tap.remove()
     client.close()
-    if loaded.engine is not None:
-        loaded.engine.close()
+    loaded.close()
 
 
 def test_a_written_id_is_the_models_own(engine) -> None:
