@@ -145,8 +145,10 @@ def _live(reports: Iterable[dict]) -> None:
             table.add_row(*(Text(cell) for cell in cells))  # ids and notes are not markup
         return table
 
-    with Live(render(), console=out, refresh_per_second=4) as live:
+    # redrawn on each report only: the table changes with nothing else, and without rich's refresh thread a
+    # Ctrl-C that lands inside a redraw cannot leave a lock that thread then waits on forever (a hang seen in CI)
+    with Live(render(), console=out, auto_refresh=False) as live:
         for report in reports:
             rows.pop(report.get("request_id", ""), None)  # re-inserted last: newest at the bottom
             rows[report.get("request_id", "")] = row(report)
-            live.update(render())
+            live.update(render(), refresh=True)
