@@ -12,8 +12,9 @@ Two contexts play the daemon before and after a restart; each holds two other co
   runtime does on a repeated prompt), and answered again;
 - an SSD hit after the restart: saved like the SSD tier (llama_state_seq_get_data of the prompt less its last
   token) to a scratch file, read back into the second context, its last token fed, answered.
-Only the last --keep prompts stay cached in the first context, every other one in the second (the rest are
-released: free cells before kept ones, which an exact pool compacts before it places more).
+Only the last --keep prompts stay cached in the first context, every other one (the last --keep of them) in
+the second (the rest are released: free cells before kept ones, which an exact pool compacts before it places
+more). --first N starts at prompt N (the rest of a run cut short).
 
 One JSON line per prompt (`agree` = leading greedy tokens equal to cold's, `max_dlogit` = max |Δlogit| over
 the steps whose inputs were equal), then a summary: prompts whose three answers are equal, the max |Δlogit|,
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--first", type=int, default=0, help="start at this prompt (the rest of a run cut short)")
     args = parser.parse_args()
     gguf = str(args.model / "model.gguf" if args.model.is_dir() else args.model)
     flash, kv_type, ubatch, exact = CONFIGS[args.config]
@@ -103,8 +105,10 @@ def main() -> None:
     try:
         others(engine)
         others(restarted)
-        kept = []
+        kept, kept_after = [], []
         for i, size in enumerate(sizes):
+            if i < args.first:
+                continue
             ids = agent_prompt(i, size, engine)
             seq = engine.open()
             t0 = time.perf_counter()
@@ -126,6 +130,10 @@ def main() -> None:
             ssd = greedy(restarted, restored, restarted.step([Row(restored, ids[-1:])])[0], n)
             if i % 2:  # every other one stays cached there too: later restores land beside and after holes
                 restarted.release(restored)
+            else:  # the last --keep of them (a bounded pool, as the SSD tier's restores evict)
+                kept_after.append(restored)
+                if len(kept_after) > args.keep:
+                    restarted.release(kept_after.pop(0))
             results.append({"prompt": i, "tokens": len(ids), "device": compare(cold, device), "ssd": compare(cold, ssd)})
             print(json.dumps(results[-1]), flush=True)
         bytes_per_token = engine.bytes_per_token
