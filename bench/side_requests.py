@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 from prefix_cache import TOOLS, history_turn  # noqa: E402  (bench/prefix_cache.py: the agent conversation)
+from session_script import CLASSIFIER_SYSTEM, TITLE_SYSTEM  # noqa: E402  (Claude Code's side-request prompts)
 
 from zllm.canonical import ChatRequest, Finished, Message, SamplingParams  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
@@ -39,13 +40,6 @@ from zllm.runtime.client import LocalEngineClient  # noqa: E402
 
 MODEL_NAME = "bench"
 MiB = 1 << 20
-TITLE_SYSTEM = ("Analyze if this message indicates a new conversation topic. If it does, extract a 2-3 word title "
-                "that captures the new topic. Format your response as a JSON object with two fields: "
-                "'isNewTopic' (boolean) and 'title' (string, or null if isNewTopic is false).")
-CLASSIFIER_SYSTEM = ("Your task is to process Bash commands that an AI coding agent wants to run. This policy spec "
-                     "defines how to determine the prefix of a Bash command. " + " ".join(
-                         f"Example {i}: `git diff --stat HEAD~{i}` => `git diff`; `npm run test:{i}` => `npm run "
-                         f"test:{i}`; `cat file_{i} | grep x` => command_injection_detected." for i in range(6)))
 AGENT_TYPES = ("general-purpose", "Explore", "Plan", "statusline-setup")
 
 

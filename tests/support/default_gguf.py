@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,12 +51,17 @@ def default_gguf_file() -> Path:
 
 
 def default_model_data_dir() -> Path:
+    return _data_dir_with("default-gguf-data", default_gguf_file)
+
+
+def _data_dir_with(dirname: str, gguf: Callable[[], Path]) -> Path:
+    """A data dir under the test cache whose store holds `gguf()` as the default model (pulled once)."""
     from zllm.models import ModelStore
 
-    data_dir = Path(os.environ["ZLLM_TEST_CACHE"]) / "default-gguf-data"
+    data_dir = Path(os.environ["ZLLM_TEST_CACHE"]) / dirname
     store = ModelStore(data_dir / "models")
     if not store.has(NAME):
-        store.pull(str(default_gguf_file()), name=NAME)
+        store.pull(str(gguf()), name=NAME)
     return data_dir
 
 
@@ -74,13 +80,7 @@ def default_f16_gguf() -> Path:
 
 
 def default_f16_data_dir() -> Path:
-    from zllm.models import ModelStore
-
-    data_dir = Path(os.environ["ZLLM_TEST_CACHE"]) / "default-f16-data"
-    store = ModelStore(data_dir / "models")
-    if not store.has(NAME):
-        store.pull(str(default_f16_gguf()), name=NAME)
-    return data_dir
+    return _data_dir_with("default-f16-data", default_f16_gguf)
 
 
 def old_default_data_dir(root: Path) -> Path:
