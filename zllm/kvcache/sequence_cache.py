@@ -132,11 +132,7 @@ class SequencePrefixCache(CacheTiers):
                 self.complete_ssd(lease, self._outcome(lease))
             self.diagnose(lease)
         with self._lock:
-            self.counters.requests += 1
-            self.counters.prompt_tokens += len(prompt)
-            self.counters.cached_tokens += lease.cached_tokens
-            if lease.tier.on_device:
-                self.counters.device_hits += 1
+            self._count_acquired(len(prompt), lease)
         return lease
 
     def read_ssd(self, lease: SequenceLease) -> memoryview:

@@ -98,6 +98,14 @@ class CacheTiers:
         """The engine's measured prefill time; feeds the restore-vs-recompute estimate."""
         self.cost.observe_prefill(tokens, seconds)
 
+    def _count_acquired(self, prompt_tokens: int, lease: BaseLease) -> None:
+        """A request's lease in the counters: requests, tokens, device hits (caller holds the lock)."""
+        self.counters.requests += 1
+        self.counters.prompt_tokens += prompt_tokens
+        self.counters.cached_tokens += lease.cached_tokens
+        if lease.tier.on_device:
+            self.counters.device_hits += 1
+
     def _spared(self, eviction: Eviction) -> None:
         """The main-conversation rule kept `eviction.spared` where LRU would have evicted it (caller holds the lock)."""
         self.counters.main_spared += 1

@@ -98,13 +98,9 @@ class PrefixCache(CacheTiers):
             self.release(lease)
             raise
         with self._lock:
-            self.counters.requests += 1
-            self.counters.prompt_tokens += len(prompt)
-            self.counters.cached_tokens += lease.cached_tokens
-            if lease.tier.on_device:
-                self.counters.device_hits += 1
-                if lineage is not None:
-                    self.device_tier.touch(lineage)
+            self._count_acquired(len(prompt), lease)
+            if lease.tier.on_device and lineage is not None:
+                self.device_tier.touch(lineage)
         return lease
 
     def read_ssd(self, lease: Lease) -> int:
