@@ -50,7 +50,7 @@ from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/ben
 
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
-from zllm.engine.loaded import GGUF_FILE  # noqa: E402
+from zllm.model_files import GGUF_FILE  # noqa: E402
 from zllm.engine.select import load_for_backend  # noqa: E402
 from zllm.engine.torch.runner import ModelRunner  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402

@@ -51,7 +51,7 @@ from prefix_cache import conversation, new_user_turn  # noqa: E402  (bench/prefi
 
 from tests.support.daemon import free_port  # noqa: E402
 from zllm.canonical import Message  # noqa: E402
-from zllm.engine.loaded import GGUF_FILE  # noqa: E402
+from zllm.model_files import GGUF_FILE  # noqa: E402
 from zllm.prompt import PromptRenderer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

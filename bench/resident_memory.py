@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_args import FILLER, model_parser, resolve_model_dir
 
 from tests.support.daemon import free_port
-from zllm.engine.loaded import GGUF_FILE
+from zllm.model_files import GGUF_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "numpy", "tokenizers", "jinja2", "aiohttp", "llguidance", "llama_cpp", "sqlite3",
