@@ -45,7 +45,7 @@ class DerivedDialect(Dialect):
         # each literal cut at its special markers: the fence names an added token by id, text by its bytes
         self.markup = tuple(dict.fromkeys(piece for f in formats for literal in f.literals()
                                           for piece in split_markers(literal, tuple(markers)) if piece))
-        self.end_of_turn = tuple(dict.fromkeys(f.turn_end for f in formats if f.turn_end))
+        self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end) if end))
         self.supports_thinking = bool(self.switched) or fmt.reasons
         self.thinking_default = thinking_default if self.switched else fmt.reasons
 
@@ -78,19 +78,30 @@ def derive_dialect(template_source: str, *, added_tokens: Iterable[str] = (), bo
     markers = tuple(added_tokens)
     try:
         template = JinjaChatTemplate(template_source, bos_token=bos_token, eos_token=eos_token)
-        fmt = derive_format(template, markers)
+        fmt, failure = derive_format(template, markers), None
     except NotDerivable as exc:
-        return Derivation(None, False, str(exc))
+        fmt, failure = None, exc
     except Exception as exc:  # a template Jinja cannot compile
         return Derivation(None, False, f"the template cannot be rendered: {type(exc).__name__}: {exc}")
     default, switched = thinking_switch(template), {}
     if default is not None:
-        try:
-            switched = {setting: derive_format(template, markers, enable_thinking=setting) for setting in (True, False)}
-        except NotDerivable:
-            switched = {}  # one setting cannot be described: the template's default only
+        for setting in (True, False):
+            try:
+                switched[setting] = derive_format(template, markers, enable_thinking=setting)
+            except NotDerivable:
+                pass
     how = ("; `enable_thinking` follows the client's reasoning switch (default "
-           f"{'on' if default else 'off'})") if switched else ""
+           f"{'on' if default else 'off'})") if len(switched) == 2 and fmt is not None else ""
+    if fmt is None and len(switched) == 1:
+        # the template's default prompt is not continued by the turns it renders (Gemma 4 opens and closes an
+        # empty thought channel in the prompt, never in the turn): served with the setting that is
+        (default, fmt), = switched.items()
+        how = (f"; `enable_thinking` {'on' if default else 'off'} by default (turns rendered with it "
+               f"{'off' if default else 'on'} do not continue the prompt: the cache forks there)")
+    elif fmt is None:
+        return Derivation(None, False, str(failure))
+    elif len(switched) != 2:
+        switched = {}  # one setting cannot be described: the template's default only
     return Derivation(DerivedDialect(fmt, template, markers, switched=switched, thinking_default=bool(default)), True,
                       f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}"
                       + how)

@@ -8,8 +8,13 @@ ARGUMENTS is either one JSON object (`json`) in the canonical spelling, or per-p
 
     {param_open}KEY{param_mid}VALUE{param_close}            one per argument; string values raw, others JSON
 
+or an object in the template's own notation (`notation`, notation.py: Gemma 4's `{city:<|"|>paris<|"|>,days:3}`),
+`quote_open` / `quote_close` around its strings, `null_word` for null, keys sorted where the template sorts them.
+
 Reasoning, where the template writes it: `{think_open}REASONING{think_close}` at the start of the turn.
-`turn_end` is the text the template closes an assistant turn with (its end-of-turn marker). `gen_in_think`:
+`turn_end` is the text the template closes an assistant turn with (its end-of-turn marker); `call_turn_end` the
+one it closes a turn with calls with, where that differs (Gemma 4 ends it with `<|tool_response>`, and the
+results follow in the same model turn). `text_after_calls`: the template writes the turn's text after its calls. `gen_in_think`:
 the generation prompt itself opens the reasoning block (the model starts inside it).
 """
 
@@ -33,7 +38,7 @@ class CallFormat:
     call_close: str
     call_sep: str
     section_close: str
-    arguments: str  # "json" | "tagged"
+    arguments: str  # "json" | "tagged" | "notation"
     param_open: str = ""
     param_mid: str = ""
     param_close: str = ""
@@ -42,6 +47,12 @@ class CallFormat:
     think_close: str = ""
     gen_in_think: bool = False
     turn_end: str = ""
+    call_turn_end: str = ""
+    text_after_calls: bool = False
+    quote_open: str = ""
+    quote_close: str = ""
+    null_word: str = ""
+    sorted_keys: bool = False
     text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
     single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
     # how a tagged non-string value is written: "" JSON; "python": true / false / null as `True` / `False` /
@@ -58,6 +69,10 @@ class CallFormat:
     @property
     def python_constants(self) -> bool:
         return self.constants.startswith("python")
+
+    @property
+    def notation(self) -> bool:
+        return self.arguments == "notation"
 
     @property
     def tagged(self) -> bool:
@@ -77,12 +92,13 @@ class CallFormat:
         """Every non-empty literal, for the fence's tokenizer check and the detokenizer."""
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
-                 self.think_close)
+                 self.think_close, self.quote_open, self.quote_close)
         return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
 
     def summary(self) -> str:
         """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
-        args = (f"{self.param_open}K{self.param_mid}V{self.param_close}" if self.tagged else '{"K": "V"}')
+        args = (f"{self.param_open}K{self.param_mid}V{self.param_close}" if self.tagged
+                else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
         return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
 

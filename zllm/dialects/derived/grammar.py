@@ -72,7 +72,9 @@ class _Writer:
             return section
         if text == "json_answer":
             return f"(json_answer | {section})"
-        if not f.text_with_calls:  # text beside calls would be lost from the next turn's prompt
+        if not f.text_with_calls or f.text_after_calls:
+            # text beside calls would be lost from the next turn's prompt, or moved (Gemma 4 writes it after the
+            # calls' results once they follow): a turn holds text or calls
             return f"({text}? | {section})"
         return f"({text}? | {section} | {self.text_then_section()})"
 
@@ -99,6 +101,8 @@ class _Writer:
         name = f"tool_{index}"
         if f.tagged:
             parts = [self.lits(tool.name + f.name_close), *self.params(index, tool), self.lits(f.call_close)]
+        elif f.notation:
+            parts = [self.lits(tool.name + f.name_close), self.notation_object(index, tool), self.lits(f.call_close)]
         else:
             schema = json.dumps(_guided(_arguments_schema(tool)), ensure_ascii=False)
             parts = [self.lits(tool.name + f.name_close), f"%json {schema}", self.lits(f.call_close)]
@@ -138,10 +142,10 @@ class _Writer:
             constants.append(f"%json {json.dumps(narrowed, ensure_ascii=False)}")
         return f"({' | '.join(constants)})"
 
-    def string_value(self, name: str, schema: dict) -> str:
-        """A raw string value then the parameter's closer: one of an enum, or text under the schema's length and
-        pattern bounds (string_values.py), or any text without markup."""
-        closer = self.f.param_close
+    def string_value(self, name: str, schema: dict, closer: str | None = None) -> str:
+        """A raw string value then the parameter's closer (or `closer`): one of an enum, or text under the
+        schema's length and pattern bounds (string_values.py), or any text without markup."""
+        closer = self.f.param_close if closer is None else closer
         choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if choices and all(isinstance(c, str) for c in choices):
             return f"({' | '.join(self.lits(c) for c in choices)}) {self.lits(closer)}"
@@ -155,6 +159,69 @@ class _Writer:
         rule = self.rule(f"{name}_bounded", f"{terminal} {json.dumps(first, ensure_ascii=False)}", lazy=True)
         rest = closer[len(first):]
         return f"{rule} {self.lits(rest)}" if rest else rule
+
+    # ------------------------------------------------------------------------------------ notation
+
+    def notation_object(self, index: int, tool: FunctionTool) -> str:
+        """`{KEY:VALUE,...}` in the template's notation: keys in the order it writes them (sorted, where it
+        sorts), optional ones left out, commas only between the pairs written."""
+        f = self.f
+        if tool.grammar is None:
+            schemas, required = param_schemas(tool), set(tool.parameters.get("required") or ())
+        else:
+            schemas, required = {"input": {"type": "string"}}, {"input"}
+        keys = sorted(schemas) if f.sorted_keys else list(schemas)
+        pairs = []
+        for number, key in enumerate(keys):
+            value = self.notation_value(f"nv_{index}_{number}", schemas[key])
+            pairs.append(self.rule(f"n_{index}_{number}", f"{self.lits(key + ':')} {value}"))
+        needed = [key in required for key in keys]
+
+        def after(k: int) -> str:
+            """What may follow pair k (k = -1: the object's start), as a reference to its rule."""
+            alternatives = []
+            for j in range(k + 1, len(keys)):
+                comma = self.lits(",") + " " if k >= 0 else ""
+                alternatives.append(f"{comma}{pairs[j]} {after(j)}".strip())
+                if needed[j]:
+                    break
+            if not alternatives:
+                return ""
+            name = self.rule(f"a_{index}_{k + 1}", " | ".join(alternatives))
+            return name if any(needed[k + 1:]) else f"{name}?"
+
+        return f'{self.lits("{")} {after(-1)} {self.lits("}")}'.replace("  ", " ")
+
+    def notation_value(self, name: str, schema: dict) -> str:
+        """A value by its schema: a string between the quote markers; a number or boolean as its JSON (spelled
+        alike); null as the template's word; objects and arrays in the notation, unchecked against the schema."""
+        f = self.f
+        if is_string_schema(schema):
+            return f"{self.lits(f.quote_open)} {self.string_value(name, schema, closer=f.quote_close)}"
+        kinds = schema.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or ())
+        scalar = [kind for kind in kinds if kind in ("integer", "number", "boolean")]
+        if not kinds or len(scalar) < len(kinds) - ("null" in kinds):
+            return self.any_notation_value()
+        choices = []
+        if scalar:
+            narrowed = {**schema, "type": scalar if len(scalar) > 1 else scalar[0], "x-guidance": CANONICAL_JSON_GUIDANCE}
+            choices.append(f"%json {json.dumps(narrowed, ensure_ascii=False)}")
+        if "null" in kinds:
+            choices.append(self.lits(f.null_word))
+        return f"({' | '.join(choices)})"
+
+    def any_notation_value(self) -> str:
+        f = self.f
+        quoted = f"{self.lits(f.quote_open)} {self.until('nv_text', f.quote_close)}"
+        self.rule("nv", f'nv_object | nv_array | nv_string | NV_NUMBER | "true" | "false" | {self.lits(f.null_word)}')
+        self.rule("nv_string", quoted)
+        self.rule("nv_pair", f'NV_KEY ":" nv')
+        self.rule("nv_object", '"{" (nv_pair ("," nv_pair)*)? "}"')
+        self.rule("nv_array", '"[" (nv ("," nv)*)? "]"')
+        self.terminal("NV_KEY", "/[A-Za-z_][A-Za-z0-9_]{0,40}/")
+        self.terminal("NV_NUMBER", r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?/")
+        return "nv"
 
     # ------------------------------------------------------------------------------------ text
 

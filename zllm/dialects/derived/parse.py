@@ -16,6 +16,7 @@ from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolC
 from zllm.dialects.base import StreamParser
 from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
+from zllm.dialects.derived.notation import NotationCursor
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
 from zllm.dialects.scan import TagScanner
@@ -31,6 +32,7 @@ class _State(Enum):
     TEXT = auto()
     NAME = auto()
     JSON_ARGS = auto()
+    NOTATION_ARGS = auto()  # arguments in the template's own notation (notation.py), streamed as JSON
     CALL_CLOSE = auto()  # after a JSON object: the call's closer
     KEY = auto()
     VALUE = auto()
@@ -93,6 +95,8 @@ class DerivedParser(StreamParser):
         elif state is _State.JSON_ARGS:
             self._emit_args(held)
             self._end_call(completed=False)
+        elif state is _State.NOTATION_ARGS:
+            self._end_call(completed=False)
         elif state is _State.SLOT:
             self._end_call(completed=False)
             self._text(self._slot + held)
@@ -112,6 +116,9 @@ class DerivedParser(StreamParser):
             if self._state is _State.JSON_ARGS:
                 pending = self._in_json(pending)
                 continue
+            if self._state is _State.NOTATION_ARGS:
+                pending = self._in_notation(pending)
+                continue
             pieces = self._scanner.feed(pending)
             if not pieces:
                 return
@@ -128,7 +135,7 @@ class DerivedParser(StreamParser):
             _State.REASONING: (f.think_close,),
             _State.TEXT: self._openers,
             _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close) if f.tagged
-                          else (split_slot(f.name_close)[0],)),
+                          else (f.name_close + "{",) if f.notation else (split_slot(f.name_close)[0],)),
             _State.CALL_CLOSE: (split_slot(f.call_close)[0],),
             _State.SLOT: (split_slot(getattr(f, self._slot_in or "name_close"))[1],),
             _State.KEY: (f.param_mid,),
@@ -186,6 +193,11 @@ class DerivedParser(StreamParser):
         if self._slot_in == "name_close":
             self._slot = ""
             self._go(_State.SLOT)
+        elif self.f.notation:  # the name ends at the object's brace: the arguments start with it
+            f = self.f
+            self._cursor = NotationCursor(quote_open=f.quote_open, quote_close=f.quote_close, null=f.null_word)
+            self._emit_args(self._cursor.step("{"))
+            self._state = _State.NOTATION_ARGS
         elif not self.f.tagged:
             self._cursor = JsonCursor()
             self._state = _State.JSON_ARGS
@@ -215,6 +227,28 @@ class DerivedParser(StreamParser):
                     self._go(_State.AFTER_CALL)
                 return text[at + 1:]
         self._emit_args(text)
+        return ""
+
+    def _in_notation(self, text: str) -> str:
+        cursor = self._cursor
+        out = ""
+        for at, ch in enumerate(text):
+            piece = cursor.step(ch)
+            if cursor.error:  # not the notation: the call ends there, the rest is text
+                self._emit_args(out)
+                self._end_call(completed=False)
+                self._go(_State.TEXT)
+                return text[at:]
+            out += piece
+            if cursor.done:
+                self._emit_args(out)
+                if self.f.call_close:
+                    self._go(_State.CALL_CLOSE)
+                else:
+                    self._end_call(completed=True)
+                    self._go(_State.AFTER_CALL)
+                return text[at + 1:]
+        self._emit_args(out)
         return ""
 
     def _in_call_close(self, text: str, tag: str | None) -> str:

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Iterable
 
+from zllm.dialects.derived import notation
 from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, STRICT_ID, CallFormat
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 
@@ -110,11 +111,14 @@ class _Prober:
         if TEXT not in plain:
             raise NotDerivable("the template does not write an assistant's text")
         lead, tail = plain.split(TEXT, 1)
+        self._tail = tail
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         if NAME_A not in one:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
         if json.dumps({K1: V1}, ensure_ascii=False) in one:
             fmt = self._json_calls(lead, tail)
+        elif (spelling := self._notation(lead)) is not None:
+            fmt = self._json_calls(lead, tail, spelling)
         elif K1 in one and V1 in one:
             fmt = self._tagged_calls(lead, tail)
         else:
@@ -148,7 +152,37 @@ class _Prober:
             raise NotDerivable(f"a turn with calls does not start like a turn with text ({lead!r})")
         return turn[len(lead):]
 
-    def _json_calls(self, lead: str, tail: str) -> CallFormat:
+    def _notation(self, lead: str) -> dict | None:
+        """The quoting rule of a template that writes arguments as an object in its own notation (notation.py),
+        found by probing with a value of each JSON type; None when the arguments are not written so."""
+        def body(arguments: dict) -> str:
+            turn = self._body(self.turn(tool_calls=[call(NAME_A, arguments)]), lead)
+            return turn[_find(turn, NAME_A) + len(NAME_A):]
+
+        number, string = body({K1: VN}), body({K1: V1})
+        k_num, k_str = number.find(K1 + ":"), string.find(K1 + ":")
+        if k_num == -1 or k_num != k_str or not number.startswith(f"{K1}:{VN}", k_num):
+            return None
+        at = k_str + len(K1) + 1
+        quote_open = string[at:string.find(V1, at)] if V1 in string[at:] else ""
+        after_number, after_string = number[k_num + len(f"{K1}:{VN}"):], string[string.find(V1, at) + len(V1):]
+        if not quote_open or not after_string.endswith(after_number):
+            return None
+        quote_close = after_string[:len(after_string) - len(after_number)]
+        probe = {K2: V2, K1: "zq x", "zqkc": [True, False, 1.5, {"zqkd": "zq y"}], "zqkb": None}
+        written = body(probe)
+        for null in ("None", "null"):
+            for sorted_keys in (True, False):
+                spelling = {"quote_open": quote_open, "quote_close": quote_close, "null": null,
+                            "sorted_keys": sorted_keys}
+                if notation.write(probe, **spelling) in written:
+                    return spelling
+        raise NotDerivable(f"arguments are written in a notation of their own ({quote_open!r} around strings) "
+                           "that zllm cannot spell back")
+
+    def _json_calls(self, lead: str, tail: str, spelling: dict | None = None) -> CallFormat:
+        """JSON arguments, or (`spelling`) arguments in the template's notation (notation.py)."""
+        _json = (lambda value: notation.write(value, **spelling)) if spelling else _json_text
         a1, a2 = {K1: V1}, {KN: VN}
         one = self._body(self.turn(tool_calls=[call(NAME_A, a1)]), lead)
         n1 = _find(one, NAME_A)
@@ -164,8 +198,11 @@ class _Prober:
         second_close = two[n2 + len(NAME_B):].partition(_json(a2))[0]
         if second_close != name_close:
             name_close = _indexed(name_close, second_close)
+        quoting = {} if not spelling else {
+            "arguments": "notation", "quote_open": spelling["quote_open"], "quote_close": spelling["quote_close"],
+            "null_word": spelling["null"], "sorted_keys": spelling["sorted_keys"]}
         return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
-                           arguments="json", name_close=name_close)
+                           **{"arguments": "json", "name_close": name_close, **quoting})
 
     def _tagged_calls(self, lead: str, tail: str) -> CallFormat:
         two_params = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1, K2: V2})]), lead)
@@ -232,11 +269,17 @@ class _Prober:
         close_and_sep = mid[:len(mid) - len(call_open)]
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
+        call_turn_end = ""
         if not rest.endswith(tail):
-            raise NotDerivable(f"a turn with calls does not end like a turn with text ({tail!r})")
+            # a turn with calls ends on a marker of its own (Gemma 4's `<|tool_response>`: the results follow)
+            spans = self._marker_spans(rest)
+            if not spans or rest[spans[-1][1]:].strip():
+                raise NotDerivable(f"a turn with calls does not end like a turn with text ({tail!r})")
+            call_turn_end, tail = rest[spans[-1][0]:], rest[spans[-1][0]:]
         return CallFormat(section_open=before[:len(before) - len(call_open)], call_open=call_open,
                           call_close=call_close, call_sep=close_and_sep[len(call_close):],
-                          section_close=rest[:len(rest) - len(tail)], turn_end=self._turn_end(tail), **parts)
+                          section_close=rest[:len(rest) - len(tail)], turn_end=self._turn_end(self._tail),
+                          call_turn_end=self._turn_end(call_turn_end) if call_turn_end else "", **parts)
 
     def _single_call(self, before: str, after: str, tail: str, **parts) -> CallFormat:
         if not after.endswith(tail):
@@ -257,6 +300,13 @@ class _Prober:
         opener = fmt.section_open + fmt.call_open + NAME_A
         if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
             return _replace(fmt, text_with_calls=False)
+        if turn.startswith(opener) and TEXT in turn:  # the text after the calls (Gemma 4)
+            without = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
+            end = fmt.call_turn_end or self._tail
+            at = len(without) - len(end) if without.endswith(end) else -1
+            if at < 0 or turn != without[:at] + TEXT + without[at:]:
+                raise NotDerivable("text beside calls is written neither before nor right after them")
+            return _replace(fmt, text_after_calls=True)
         if not turn.startswith(TEXT) or opener not in turn:
             raise NotDerivable("text before calls is not written as the text, then the calls")
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
@@ -280,7 +330,9 @@ class _Prober:
         think_open, rest = turn.split(THINK, 1)
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")
-        think_close = rest[:rest.index(TEXT)]
+        opener = fmt.section_open + fmt.call_open
+        # reasoning ends where the text or the calls begin (Gemma 4 writes its calls before the text)
+        think_close = rest[:min(rest.index(TEXT), rest.index(opener) if opener and opener in rest else len(rest))]
         if lead and lead not in (think_open + think_close, THINK + think_close):
             raise NotDerivable(f"a turn without reasoning starts with {lead!r}, not an empty reasoning block")
         return _replace(fmt, think_open=think_open, think_close=think_close, gen_in_think=not think_open)
@@ -338,7 +390,7 @@ def _leading_marker(lead: str, prober: _Prober) -> str:
     return lead[:spans[0][1]] if spans else ""
 
 
-def _json(arguments: dict) -> str:
+def _json_text(arguments: dict) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
