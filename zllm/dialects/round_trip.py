@@ -14,6 +14,7 @@ model is still served (the calls may still work, the cache forks at the first ca
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -115,9 +116,12 @@ def _render(dialect: Dialect, template: ChatTemplate | None, messages: tuple[Mes
 def _sample_call(dialect: Dialect, template: ChatTemplate | None, ends: Sequence[str]) -> str:
     """The probe's first call alone, as the model would write it (the text between prompt and turn end)."""
     turn = Message("assistant", "", tool_calls=PROBE_CALLS[:1])
-    prompt = _render(dialect, template, (_USER,), False)
-    following = _render(dialect, template, (_USER, turn, _RESULTS[0]), False)
-    return _cut_at_end(following[len(prompt):], ends) if following.startswith(prompt) else ""
+    for thinking in dict.fromkeys((False, dialect.thinking_default)):  # Gemma 4 continues its prompt thinking only
+        prompt = _render(dialect, template, (_USER,), thinking)
+        following = _render(dialect, template, (_USER, turn, _RESULTS[0]), thinking)
+        if following.startswith(prompt):
+            return _cut_at_end(following[len(prompt):], ends)
+    return ""
 
 
 def _cut_at_end(text: str, ends: Sequence[str]) -> str:
@@ -148,13 +152,21 @@ def _compare_calls(read: Message, turn: Message, thinking: bool) -> str:
         return (f"the parser reads {len(read.tool_calls)} calls back from the rendered turn, not "
                 f"{len(turn.tool_calls)}: calls in this template's format would reach the client as text")
     for i, (got, want) in enumerate(zip(read.tool_calls, turn.tool_calls)):
-        if got.name != want.name or canonical_arguments(got.arguments) != canonical_arguments(want.arguments):
+        # the same arguments in any order: a template that sorts keys (Gemma 4) reads them back sorted
+        if got.name != want.name or _as_data(got.arguments) != _as_data(want.arguments):
             return f"call {i + 1} reads back as {got.name} {got.arguments}, not {want.name} {want.arguments}"
     if read.content.strip():
         return f"the parser reads text {read.content.strip()[:60]!r} around the calls"
     if thinking and (read.reasoning or "").strip() != _REASONING:
         return "the reasoning does not read back as written"
     return ""
+
+
+def _as_data(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return canonical_arguments(arguments)
 
 
 def _context(a: str, b: str) -> str:

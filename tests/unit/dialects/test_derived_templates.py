@@ -45,6 +45,8 @@ MUST_DERIVE = (
     "Kimi-K2-Instruct", "Kimi-K2-Thinking",
     # arguments in the template's own notation, strings between quote markers (derived/notation.py)
     "google-gemma-4-31B-it",
+    # string values wrapped in CDATA when they hold `<`, `&` or a newline, raw otherwise
+    "openbmb-MiniCPM5-1B",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -82,8 +84,9 @@ def stand_in(derivations, qwen_tokenizer):
 
 
 def _looks_special(piece: str) -> bool:
+    # a whole marker (`<function=` is the start of a tag that other families write as text)
     return piece in split_markers(piece) and len(split_markers(piece)) == 1 and (
-        piece.startswith("<") or piece.startswith("["))
+        piece[0] + piece[-1] in ("<>", "[]") and len(piece) > 2)
 
 
 def _derived(derivations, name):
@@ -179,7 +182,8 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Apertus-8B-Instruct", "Bielik-11B-v3.0-Instruct", "MiMo-VL", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
-                "Spark2.5", "tencent-Hy3")
+                "Spark2.5", "tencent-Hy3", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
+                "unsloth-Apriel-1.5")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))
@@ -212,6 +216,9 @@ def test_next_turn_prompt_continues_this_turn(name, derivations):
     prompt, output, end = _output(dialect)
     parsed = _as_message(_parse(dialect, output))
     following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS, thinking=_on(dialect)))
+    if _fmt(dialect).bare_call_close and not following.startswith(prompt + output + end):
+        pytest.xfail(f"{name}'s template adds an id to the calls once results follow: a turn written without "
+                     "them forks the cache (test_history_ids_read_back_and_continue)")
     if _fmt(dialect).reasons and not following.startswith(prompt + output + end):
         pytest.xfail(f"{name}'s template drops the reasoning of a turn once results follow (the cache forks)")
     assert following.startswith(prompt + output + end)
@@ -440,9 +447,8 @@ def test_the_load_check_holds_for_every_derived_template(derivations):
 
 # said at load, still served: GLM-4.6 / 4.7 and Apertus end a turn with no marker of their own (the model stops
 # on the vocabulary's EOS list, which this test has no tokenizer for), so the results read as text here (with GLM's
-# vocabulary the registry picks the hand-written glm45 anyway), nor does Hunyuan 3 (tencent-Hy3); Apriel 1.5's
-# JSON list of calls reads as one call
-KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "tencent-Hy3", "unsloth-Apriel-1.5"}
+# vocabulary the registry picks the hand-written glm45 anyway), nor does Hunyuan 3 (tencent-Hy3)
+KNOWN_LOAD_CHECK_FAILURES = {"GLM-4.6", "GLM-4.7-Flash", "Apertus-8B-Instruct", "tencent-Hy3"}
 
 
 def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
@@ -467,3 +473,97 @@ def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
     reasoning_first = stand_in[1].tokenize_str("I think.\n</think>\n\n" + output, parse_special=True)
     matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
     assert matcher.validate_tokens(reasoning_first) < len(reasoning_first)
+
+
+# ------------------------------------------------------------------------------------------ quoted values
+
+
+def test_gemma4_notation_reads_back_every_json_type(derivations):
+    """Gemma 4 writes arguments in its own notation (strings between `<|"|>`, numbers and booleans bare, null as
+    `None`, keys sorted): read back as JSON, written back by the template as the model wrote them."""
+    dialect = derivations["google-gemma-4-31B-it"].dialect
+    fmt = dialect.format
+    assert (fmt.arguments, fmt.quote_open, fmt.null_word, fmt.sorted_keys) == ("notation", '<|"|>', "None", True)
+    text = ('<|tool_call>call:search{a:[1,-2.5,<|"|>x, y:{z}<|"|>,[]],b:{c:None,d:true},query:<|"|>r "q"\n<|"|>,'
+            'z:false}<tool_call|>')
+    (got,) = _events_of(dialect, text).tool_calls
+    assert json.loads(got.arguments) == {"a": [1, -2.5, "x, y:{z}", []], "b": {"c": None, "d": True},
+                                         "query": 'r "q"\n', "z": False}
+    again = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                        add_generation_prompt=False))
+    assert text in again
+    # not the notation (a JSON string, a bare word): the call ends unfinished, the rest is text
+    for broken in ('<|tool_call>call:search{query:"x"}<tool_call|>', "<|tool_call>call:search{query:x}<tool_call|>"):
+        message = _events_of(dialect, broken)
+        assert message.content and all(c.arguments != '{"query": "x"}' for c in message.tool_calls), broken
+
+
+def test_gemma4_text_after_calls_reads_back(derivations):
+    """The template writes a turn's text after its calls; a turn so written reads back and renders alike."""
+    dialect = derivations["google-gemma-4-31B-it"].dialect
+    assert dialect.format.text_after_calls and dialect.format.call_turn_end == "<|tool_response>"
+    turn = Message("assistant", "Let me check.", tool_calls=CALLS)
+    full = dialect.render(Conversation((USER, turn), TOOLS, add_generation_prompt=False))
+    prompt = dialect.render(Conversation((USER,), TOOLS))
+    output = full[len(prompt):].removesuffix("<|tool_response>")
+    assert output.endswith("<tool_call|>Let me check.")
+    message = _events_of(dialect, output)
+    assert message.content == "Let me check." and len(message.tool_calls) == 2
+    assert dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False)) == full
+
+
+def test_gemma4_fence_quotes_strings_with_the_templates_marker(derivations, stand_in):
+    dialect = derivations["google-gemma-4-31B-it"].dialect
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "get_weather"), thinking=False)
+    for args, accepted in (('{city:<|"|>rome<|"|>,days:3}', True), ('{city:<|"|>rome<|"|>,days:3,metric:false}', True),
+                           ('{city:"rome",days:3}', False), ('{days:3,city:<|"|>rome<|"|>}', False),
+                           ('{city:<|"|>rome<|"|>}', False), ('{city:<|"|>rome<|"|>,days:10}', False),
+                           ('{city:<|"|>oslo<|"|>,days:3}', False), ('{city:<|"|>rome<|"|>,,days:3}', False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f"<|tool_call>call:get_weather{args}<tool_call|>", parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+                and matcher.is_accepting()) is accepted, args
+
+
+def test_minicpm5_cdata_values_read_back_raw_and_are_fenced_as_written(derivations, stand_in):
+    """MiniCPM5 wraps a string value holding `<`, `&` or a newline in CDATA and writes others raw: read back
+    unwrapped; the fence lets a value be written only the way the template would write it back."""
+    dialect = derivations["openbmb-MiniCPM5-1B"].dialect
+    assert (dialect.format.wrap_open, dialect.format.wrap_close, dialect.format.wrap_chars) == \
+        ("<![CDATA[", "]]>", "<&\n")
+    text = '<function name="search"><param name="query"><![CDATA[a <b> & c]]></param></function>'
+    (got,) = _events_of(dialect, text).tool_calls
+    assert json.loads(got.arguments) == {"query": "a <b> & c"}
+    again = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                        add_generation_prompt=False))
+    assert text in again
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", "search"), thinking=False)
+    for value, accepted in (("rain", True), ("<![CDATA[a<b]]>", True), ("<![CDATA[a\nb]]>", True),
+                            ("<![CDATA[rain]]>", False), ("a<b", False), ("a&b", False),
+                            ("<![CDATA[a<bcdefghijklm]]>", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f'<function name="search"><param name="query">{value}</param></function>',
+                                          parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+                and matcher.is_accepting()) is accepted, value
+
+
+def test_history_ids_read_back_and_continue(derivations, stand_in):
+    """Apriel 1.5 writes each call's id in earlier turns (`, "id": "ID"}`), not in the turn the model writes:
+    both read back; a turn written with ids (the fence allows it) is continued by the next prompt, and each
+    call's own id comes back in it."""
+    dialect = derivations["unsloth-Apriel-1.5"].dialect
+    assert (dialect.format.call_close, dialect.format.bare_call_close) == (', "id": "\x00"}', "}")
+    prompt = dialect.render(Conversation((USER,), TOOLS))
+    output = ('\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "paris", "days": 3}, "id": "c1"}, '
+              '{"name": "search", "arguments": {"query": "rain"}, "id": "c2"}]</tool_calls>')
+    message = _events_of(dialect, output)
+    assert [json.loads(c.arguments) for c in message.tool_calls] == [{"city": "paris", "days": 3}, {"query": "rain"}]
+    following = dialect.render(Conversation((USER, message, *_results(message)), TOOLS))
+    assert following.startswith(prompt + output + "\n<|end|>")
+    bare = output.replace(', "id": "c1"', "").replace(', "id": "c2"', "")
+    assert len(_events_of(dialect, bare).tool_calls) == 2
+    for text in (output, bare):
+        matcher = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("required")), stand_in)
+        tokens = stand_in[1].tokenize_str(text, parse_special=True)
+        assert matcher.validate_tokens(tokens) == len(tokens), (text, matcher.get_error())

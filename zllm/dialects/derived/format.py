@@ -53,6 +53,14 @@ class CallFormat:
     quote_close: str = ""
     null_word: str = ""
     sorted_keys: bool = False
+    # a tagged string value holding any of `wrap_chars` is written between `wrap_open` and `wrap_close`
+    # (MiniCPM5's `<![CDATA[...]]>`), others raw
+    # the call's closer as the model's own turn writes it, where the template adds an id to the calls of earlier
+    # turns (Apriel 1.5: `}` last, `, "id": "ID"}` once results follow, `call_close`): either reads back
+    bare_call_close: str = ""
+    wrap_open: str = ""
+    wrap_close: str = ""
+    wrap_chars: str = ""
     text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
     single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
     # how a tagged non-string value is written: "" JSON; "python": true / false / null as `True` / `False` /
@@ -92,7 +100,8 @@ class CallFormat:
         """Every non-empty literal, for the fence's tokenizer check and the detokenizer."""
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
-                 self.think_close, self.quote_open, self.quote_close)
+                 self.think_close, self.quote_open, self.quote_close, self.wrap_open, self.wrap_close,
+                 self.bare_call_close)
         return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
 
     def summary(self) -> str:

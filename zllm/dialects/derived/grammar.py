@@ -105,7 +105,10 @@ class _Writer:
             parts = [self.lits(tool.name + f.name_close), self.notation_object(index, tool), self.lits(f.call_close)]
         else:
             schema = json.dumps(_guided(_arguments_schema(tool)), ensure_ascii=False)
-            parts = [self.lits(tool.name + f.name_close), f"%json {schema}", self.lits(f.call_close)]
+            closer = self.lits(f.call_close)
+            if f.bare_call_close:  # with the id the history writes, or without it as the turn does
+                closer = f"({closer} | {self.lits(f.bare_call_close)})"
+            parts = [self.lits(tool.name + f.name_close), f"%json {schema}", closer]
         return self.rule(name, " ".join(p for p in parts if p))
 
     def params(self, index: int, tool: FunctionTool) -> list[str]:
@@ -119,6 +122,8 @@ class _Writer:
             rule = f"p_{index}_{number}"
             if tool.grammar is not None:
                 value = self.until(f"value_{index}_{number}", f.param_close)
+            elif is_string_schema(schema) and f.wrap_open and not _choices(schema):
+                value = self.wrapped_string(f"value_{index}_{number}", schema)
             elif is_string_schema(schema):
                 value = self.string_value(f"value_{index}_{number}", schema)
             else:
@@ -159,6 +164,21 @@ class _Writer:
         rule = self.rule(f"{name}_bounded", f"{terminal} {json.dumps(first, ensure_ascii=False)}", lazy=True)
         rest = closer[len(first):]
         return f"{rule} {self.lits(rest)}" if rest else rule
+
+    def wrapped_string(self, name: str, schema: dict) -> str:
+        """A string value as a template that wraps some writes it: raw without any of the wrap characters, or
+        wrapped holding at least one (a value written the other way would be spelled otherwise next turn)."""
+        f = self.f
+        chars = "".join(_regex(c) if c not in "\\]^-" else "\\" + c for c in f.wrap_chars)
+        bounded = raw_string_terminal(schema)
+        bound = f" & {bounded}" if bounded else ""
+        raw = self.terminal(f"{name.upper()}_RAW", f"/[^{chars}]*/{bound} & {self.free_text(nonempty=False)}")
+        inner = self.terminal(f"{name.upper()}_WRAPPED", f"/(?s:.*[{chars}].*)/{bound}")
+        plain = self.pieces(f.wrap_close)[0]
+        wrapped = self.rule(f"{name}_wrapped", f"{inner} {json.dumps(plain, ensure_ascii=False)}", lazy=True)
+        rest = f.wrap_close[len(plain):]
+        return (f"({raw} | {self.lits(f.wrap_open)} {wrapped} {self.lits(rest)}) "
+                f"{self.lits(f.param_close)}").replace("  ", " ")
 
     # ------------------------------------------------------------------------------------ notation
 
@@ -301,6 +321,10 @@ def _regex(text: str) -> str:
         else:
             out.append("\\" + char if ord(char) < 128 else char)
     return "".join(out)
+
+
+def _choices(schema: dict) -> list | None:
+    return schema.get("enum", [schema["const"]] if "const" in schema else None)
 
 
 def _callable(spec: FenceSpec) -> tuple[FunctionTool, ...]:

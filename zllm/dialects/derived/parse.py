@@ -136,7 +136,7 @@ class DerivedParser(StreamParser):
             _State.TEXT: self._openers,
             _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close) if f.tagged
                           else (f.name_close + "{",) if f.notation else (split_slot(f.name_close)[0],)),
-            _State.CALL_CLOSE: (split_slot(f.call_close)[0],),
+            _State.CALL_CLOSE: (split_slot(f.call_close)[0], f.bare_call_close),
             _State.SLOT: (split_slot(getattr(f, self._slot_in or "name_close"))[1],),
             _State.KEY: (f.param_mid,),
             _State.VALUE: (f.param_close,),
@@ -256,7 +256,7 @@ class DerivedParser(StreamParser):
             self._end_call(completed=True)
             self._go(_State.TEXT)
             return text + (tag or "")
-        if self._slot_in == "call_close":
+        if self._slot_in == "call_close" and tag != self.f.bare_call_close:
             self._slot = ""
             self._go(_State.SLOT)
             return ""
@@ -328,6 +328,9 @@ class DerivedParser(StreamParser):
         head = ("{" if not self._args else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
         raw = self._value
         if string_param(tool, param_schemas(tool), self._key):
+            f = self.f
+            if f.wrap_open and raw.startswith(f.wrap_open) and raw[len(f.wrap_open):].endswith(f.wrap_close):
+                raw = raw[len(f.wrap_open):len(raw) - len(f.wrap_close)]  # MiniCPM5's CDATA
             value = json.dumps(raw, ensure_ascii=False)
         elif self.f.python_constants and raw in PYTHON_CONSTANTS:
             value = PYTHON_CONSTANTS[raw]

@@ -123,7 +123,30 @@ class _Prober:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        return self._with_slot(self._with_reasoning(self._with_content(fmt, lead), lead, tail))
+        return self._with_slot(self._with_history_ids(
+            self._with_reasoning(self._with_content(fmt, lead), lead, tail)))
+
+    def _with_history_ids(self, fmt: CallFormat) -> CallFormat:
+        """A template that writes each call's id once results follow, not in the turn the model writes (Apriel
+        1.5): the history's closer, with the id as a slot, is the call's closer; the turn's own stays readable."""
+        if fmt.arguments != "json" or fmt.single_call or any(s in fmt.call_close for s in SLOTS):
+            return fmt
+        arguments = _json_text({K1: V1})
+        calling = {"role": "assistant", "content": "", "tool_calls": [call(NAME_A, {K1: V1})]}
+        result = {"role": "tool", "content": "zq-result", "tool_call_id": _probe_id(0), "name": NAME_A}
+        history = self._render([{"role": "user", "content": USER}, calling, result], generation=False)
+        at = history.find(NAME_A + fmt.name_close + arguments)
+        if at == -1:
+            return fmt
+        after = history[at + len(NAME_A + fmt.name_close + arguments):]
+        if after.startswith(fmt.call_close) or _probe_id(0) not in after:
+            return fmt
+        head, _, rest = after.partition(_probe_id(0))
+        closer = head + ID_SLOT + rest[:rest.find(fmt.call_close) + len(fmt.call_close)] if fmt.call_close in rest \
+            else ""
+        if not closer:
+            return fmt
+        return _replace(fmt, call_close=closer, bare_call_close=fmt.call_close)
 
     def _with_slot(self, fmt: CallFormat) -> CallFormat:
         """Where the call's id (or index) is written, and which ids the template accepts."""
@@ -228,9 +251,7 @@ class _Prober:
         after_none = none[_find(none, NAME_A) + len(NAME_A):]
         if after_none != name_close + after_one:
             raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
-        markup_value = 'zq <b> "q" & \\ </x>'
-        if f"{param_mid}{markup_value}{param_close}" not in self.turn(tool_calls=[call(NAME_A, {K1: markup_value})]):
-            raise NotDerivable("a string value with markup characters is not written raw (escaped or wrapped)")
+        wrap = self._wrapping(param_mid, param_close)
         two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
         first_end = _find(two, V1) + len(V1) + len(param_close)
         n2 = _find(two, NAME_B, first_end)
@@ -240,7 +261,27 @@ class _Prober:
         return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
                            two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
                            param_open=param_open, param_mid=param_mid, param_close=param_close,
-                           constants=self._constants(lead, param_mid, param_close))
+                           constants=self._constants(lead, param_mid, param_close), **wrap)
+
+    def _wrapping(self, param_mid: str, param_close: str) -> dict:
+        """How a string value with markup characters is written: raw ({}), or wrapped when it holds one of
+        them (MiniCPM5's `<![CDATA[...]]>` around a value with `<`, `&` or a newline)."""
+        def written(value: str) -> str:
+            turn = self.turn(tool_calls=[call(NAME_A, {K1: value})])
+            start = _find(turn, K1 + param_mid) + len(K1 + param_mid)
+            return turn[start:_find(turn, param_close, start + len(value))]
+
+        markup_value = 'zq <b> "q" & \\ </x>\nzq'
+        spelled = written(markup_value)
+        if spelled == markup_value:
+            return {}
+        head, found, tail = spelled.partition(markup_value)
+        if not found or not head or not tail:
+            raise NotDerivable("a string value with markup characters is not written raw (escaped or wrapped)")
+        chars = "".join(c for c in '<>&"\\\n' if written(f"zq{c}x") == f"{head}zq{c}x{tail}")
+        if not chars or any(written(f"zq{c}x") != f"zq{c}x" for c in '<>&"\\\n' if c not in chars):
+            raise NotDerivable(f"string values are wrapped in {head!r} ... {tail!r} by a rule zllm cannot tell")
+        return {"wrap_open": head, "wrap_close": tail, "wrap_chars": chars}
 
     def _constants(self, lead: str, param_mid: str, param_close: str) -> str:
         """How a tagged value spells true / false / null: Qwen3-Coder's template writes a non-string value with
