@@ -503,13 +503,14 @@ def test_gemma4_text_after_calls_reads_back(derivations):
     dialect = derivations["google-gemma-4-31B-it"].dialect
     assert dialect.format.text_after_calls and dialect.format.call_turn_end == "<|tool_response>"
     turn = Message("assistant", "Let me check.", tool_calls=CALLS)
-    full = dialect.render(Conversation((USER, turn), TOOLS, add_generation_prompt=False))
-    prompt = dialect.render(Conversation((USER,), TOOLS))
+    full = dialect.render(Conversation((USER, turn), TOOLS, add_generation_prompt=False, thinking=True))
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=True))
+    assert full.startswith(prompt)
     output = full[len(prompt):].removesuffix("<|tool_response>")
     assert output.endswith("<tool_call|>Let me check.")
     message = _events_of(dialect, output)
     assert message.content == "Let me check." and len(message.tool_calls) == 2
-    assert dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False)) == full
+    assert dialect.render(Conversation((USER, message), TOOLS, add_generation_prompt=False, thinking=True)) == full
 
 
 def test_gemma4_fence_quotes_strings_with_the_templates_marker(derivations, stand_in):
