@@ -21,6 +21,7 @@ import pytest
 from tests.support.dialect_harness import assert_split_invariant, counter, parse_all, token_pieces
 from tests.support.fenced_tools import SEARCH, TOOLS, TOOLS_BY_NAME, WEATHER, valid
 from zllm.canonical import (
+    FunctionTool,
     Message,
     ReasoningDelta,
     TextDelta,
@@ -183,7 +184,7 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 ALSO_DERIVED = ("Apertus-8B-Instruct", "Bielik-11B-v3.0-Instruct", "MiMo-VL", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
                 "Spark2.5", "tencent-Hy3", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
-                "unsloth-Apriel-1.5")
+                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "Reka-Edge")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))
@@ -522,6 +523,17 @@ def test_gemma4_fence_quotes_strings_with_the_templates_marker(derivations, stan
                            ('{city:<|"|>oslo<|"|>,days:3}', False), ('{city:<|"|>rome<|"|>,,days:3}', False)):
         matcher = _matcher(dialect, spec, stand_in)
         tokens = stand_in[1].tokenize_str(f"<|tool_call>call:get_weather{args}<tool_call|>", parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+                and matcher.is_accepting()) is accepted, args
+    # keys in the template's order (sorted), whatever the schema's; an optional one left out without its comma
+    unsorted = FunctionTool("t", "", {"type": "object", "properties": {
+        "zeta": {"type": "integer"}, "mid": {"type": "boolean"}, "alpha": {"type": "string"}}, "required": ["zeta"]})
+    spec = FenceSpec(tools=(unsorted,), choice=ToolChoice("required"), thinking=False)
+    for args, accepted in (("{alpha:<|\"|>a<|\"|>,zeta:1}", True), ("{zeta:1}", True), ("{mid:None,zeta:1}", False),
+                           ("{zeta:1,alpha:<|\"|>a<|\"|>}", False), ("{alpha:<|\"|>a<|\"|>,mid:true,zeta:1}", True),
+                           ("{,zeta:1}", False), ("{alpha:<|\"|>a<|\"|>}", False)):
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f"<|tool_call>call:t{args}<tool_call|>", parse_special=True)
         assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
                 and matcher.is_accepting()) is accepted, args
 
