@@ -184,7 +184,7 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 ALSO_DERIVED = ("Apertus-8B-Instruct", "Bielik-11B-v3.0-Instruct", "MiMo-VL", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
                 "Spark2.5", "tencent-Hy3", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
-                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "Reka-Edge")
+                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))
