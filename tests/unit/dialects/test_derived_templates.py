@@ -479,7 +479,7 @@ def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
 # ------------------------------------------------------------------------------------------ quoted values
 
 
-def test_gemma4_notation_reads_back_every_json_type(derivations):
+def test_gemma4_notation_reads_back_every_json_type(derivations, stand_in):
     """Gemma 4 writes arguments in its own notation (strings between `<|"|>`, numbers and booleans bare, null as
     `None`, keys sorted): read back as JSON, written back by the template as the model wrote them."""
     dialect = derivations["google-gemma-4-31B-it"].dialect
@@ -487,6 +487,8 @@ def test_gemma4_notation_reads_back_every_json_type(derivations):
     assert (fmt.arguments, fmt.quote_open, fmt.null_word, fmt.sorted_keys) == ("notation", '<|"|>', "None", True)
     text = ('<|tool_call>call:search{a:[1,-2.5,<|"|>x, y:{z}<|"|>,[]],b:{c:None,d:true},query:<|"|>r "q"\n<|"|>,'
             'z:false}<tool_call|>')
+    make = lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_"))  # noqa: E731
+    assert_split_invariant(make, text, tokenizer=stand_in[0], groupings=100)
     (got,) = _events_of(dialect, text).tool_calls
     assert json.loads(got.arguments) == {"a": [1, -2.5, "x, y:{z}", []], "b": {"c": None, "d": True},
                                          "query": 'r "q"\n', "z": False}
