@@ -79,15 +79,24 @@ def bare_call_text(call: ToolCall) -> str:
     return f'{{"name": {name}, "{key}": {canonical_arguments(call.arguments)}}}'
 
 
-def bare_call_rules(tools: tuple[FunctionTool, ...]) -> dict[str, str]:
-    """Lark rules by name: `bare_call`, one declared call as a bare JSON object (hermes/grammar.py's)."""
-    from zllm.dialects.hermes.grammar import bare_call_rules as hermes_rules
+def bare_call_rules(tools: tuple[FunctionTool, ...], framing: str = "") -> dict[str, str]:
+    """Lark rules by name: `bare_call`, one declared call as a bare JSON object after `framing` (GLM's "\\n"),
+    framing and head one literal (llguidance lexes greedily: free text must not be able to take the "\\n")."""
+    from zllm.dialects.hermes.grammar import arguments_schema, guided, lark_string
 
-    return dict(line.split(": ", 1) for line in hermes_rules(tools))
+    rules = {"bare_call": " | ".join(f"bare_{i}" for i in range(len(tools))),
+             "bare_key": '"arguments" | "parameters"'}
+    for i, tool in enumerate(tools):
+        head = lark_string(framing + '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "')
+        rules[f"bare_{i}"] = f'{head} bare_key "\\": " %json {guided(arguments_schema(tool))} "}}"'
+    return rules
 
 
-def bare_opening_regex(tools: tuple[FunctionTool, ...]) -> str:
-    """A Lark regex for text that opens as a bare call of one of `tools` (free text must not)."""
-    from zllm.dialects.hermes.grammar import text_rule_without_bare_calls
+def bare_opening_regex(tools: tuple[FunctionTool, ...], framing: str = "") -> str:
+    """A Lark regex for text that opens as a bare call of one of `tools` does, after `framing` (a regex) —
+    which free text must not: the parser would read it as a call."""
+    from zllm.dialects.hermes.grammar import _regex_literal
 
-    return text_rule_without_bare_calls(tools).rpartition(" & ~")[2]
+    ws = "[ \\t\\n\\r]*"
+    names = "|".join(_regex_literal(json.dumps(tool.name, ensure_ascii=False)) for tool in tools)
+    return f'/{framing}\\{{{ws}"name"{ws}:{ws}({names})(?s:.*)/'
