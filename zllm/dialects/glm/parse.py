@@ -93,7 +93,7 @@ class GlmXmlParser(StreamParser):
         self._handlers: dict[_State, Callable[[str, str | None, str | None], str]] = {
             _State.TEXT: self._in_text, _State.REASONING: self._in_reasoning, _State.NAME: self._in_name,
             _State.BETWEEN: self._in_between, _State.KEY: self._in_key, _State.AFTER_KEY: self._in_after_key,
-            _State.VALUE: self._in_value,
+            _State.VALUE: self._in_value, _State.BARE: self._in_bare,
         }
         self._scanner = TagScanner(_TAGS[_State.TEXT])
         self._events: list[Event] = []
@@ -147,8 +147,8 @@ class GlmXmlParser(StreamParser):
                     continue
                 if pending.startswith("{"):
                     self._bare, self._state = BareCallReader(self._bare_tools, self._new_call_id), _State.BARE
-            if self._state is _State.BARE:
-                pending = self._in_bare(pending)
+            if self._state is _State.BARE:  # not scanned for tags: the bare reader reads JSON
+                pending = self._handlers[_State.BARE](pending, None, None)
                 continue
             pieces = self._scanner.feed(pending)
             if not pieces:
@@ -165,7 +165,7 @@ class GlmXmlParser(StreamParser):
         return (bool(self._bare_tools) and not self._content_begun and not self._scanner.held
                 and not self._held_newline)
 
-    def _in_bare(self, text: str) -> str:
+    def _in_bare(self, text: str, tag: str | None, canonical: str | None) -> str:
         """The content's opening object, read by the bare reader; once it ended, what followed is read here."""
         self._events += self._bare.feed(text)
         if not self._bare.done:
