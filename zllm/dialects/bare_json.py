@@ -1,4 +1,4 @@
-"""Bare JSON calls for families whose own calls are markup (derived formats, GLM, DSML): small models slip and
+"""Bare JSON calls for families whose own calls are markup (derived formats, GLM): small models slip and
 write a call as a bare JSON object opening the turn, `{"name": "Bash", "arguments": {...}}` (or Llama 3's
 `"parameters"`), without the family's markers. Hermes reads that in its own parser (hermes/parse.py); the other
 families hand the opening of their content to a `BareCallReader`, which reads it the same way:

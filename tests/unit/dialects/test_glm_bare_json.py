@@ -55,7 +55,7 @@ def test_the_next_prompt_continues_a_bare_call(thinking):
     prompt = render_prompt(Conversation((user,), TOOLS, thinking=thinking))
     output = ("\n<think>I need the tool</think>" if thinking else "") + "\n" + BARE
     events = parse_all(lambda: DIALECT.parser(TOOLS, thinking=thinking, new_call_id=counter()), output)
-    start, end = events[-3 if not thinking else -3], events[-1]
+    start, end = next(e for e in events if isinstance(e, ToolCallStart)), events[-1]
     call = ToolCall(start.id, start.name, end.arguments)
     reasoning = "I need the tool" if thinking else None
     turn = Message("assistant", "", tool_calls=(call,), reasoning=reasoning)
