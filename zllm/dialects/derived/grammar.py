@@ -2,14 +2,15 @@
 cut at its added tokens (named `<[id]>`; llguidance never matches an added token from quoted text).
 
     start: think? answer
-    answer: TEXT | TEXT_SEP? section          (auto; `required` / a named tool: section only)
+    answer: TEXT | TEXT_SEP? section | bare_call   (auto; `required` / a named tool: section only)
     section: "{section_open}" call ("{call_sep}" call)* "{section_close}"
     call: tool_0 | tool_1 ...
     tool_0: "{call_open}NAME{name_close}" %json{parameters} "{call_close}"                     (json)
     tool_0: "{call_open}NAME" p_0_0 p_0_1? "{name_close}{call_close}"-ish                        (tagged)
     p_0_0: "{param_open}KEY{param_mid}" VALUE "{param_close}"    string values raw, others %json
 
-Free text never spells a literal that starts a call or closes reasoning (the parser would read it as one).
+Free text never spells a literal that starts a call or closes reasoning (the parser would read it as one), nor
+opens as a bare JSON call of a declared tool does (bare_json.py: `bare_call`, the whole answer, under `auto`).
 Text before calls ends with the format's `content_sep` (the template writes it): a text lexeme ending in it where
 the opener starts with an added token, else a lazy lexeme ending at the whole opener.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 
 from zllm.canonical import FunctionTool
+from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex, reads_bare
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
 from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat
 from zllm.dialects.glm.format import is_string_schema, param_schemas
@@ -39,12 +41,15 @@ class _Writer:
         self.f, self.markup = fmt, markup
         self.singles = tuple(sorted((p for p in pieces if markup.is_single(p)), key=len, reverse=True))
         self.lines: dict[str, str] = {}
+        self.bare_tools: tuple[FunctionTool, ...] = ()  # the tools a bare JSON call may name (bare_json.py)
 
     # ------------------------------------------------------------------------------------ structure
 
     def grammar(self, spec: FenceSpec) -> str:
         f = self.f
         tools = _callable(spec)
+        if reads_bare(f.section_open + f.call_open):
+            self.bare_tools = spec.tools
         head = ""
         if f.gen_in_think:
             head = self.until("reasoning", f.think_close) + " "
@@ -57,7 +62,7 @@ class _Writer:
     def answer(self, spec: FenceSpec, tools: tuple[FunctionTool, ...]) -> str:
         f = self.f
         forced = bool(tools) and spec.choice.mode in ("required", "tool")
-        text = "" if forced else self.terminal("TEXT", self.free_text(nonempty=True))
+        text = "" if forced else self.terminal("TEXT", self.answer_text())
         if spec.response_schema is not None:
             schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
             self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")
@@ -72,6 +77,10 @@ class _Writer:
             return section
         if text == "json_answer":
             return f"(json_answer | {section})"
+        if self.bare_tools:  # one call written as a bare JSON object, the whole answer
+            for name, body in bare_call_rules(tools).items():
+                self.rule(name, body)
+            section = f"bare_call | {section}"
         if not f.text_with_calls or f.text_after_calls:
             # text beside calls would be lost from the next turn's prompt, or moved (Gemma 4 writes it after the
             # calls' results once they follow): a turn holds text or calls
@@ -85,13 +94,13 @@ class _Writer:
         special_at = next((i for i, p in enumerate(first) if self.markup.is_single(p)), None)
         if special_at is not None and all(not self.markup.is_single(p) for p in first[:special_at]):
             sep = "".join(first[:special_at])
-            body = self.free_text(nonempty=True)
+            body = self.answer_text()
             if sep:
                 body += f" & /(?s:.*){_regex(sep)}/"
             name = self.terminal("TEXT_SEP", body)
             return f"{name} {self.lits(''.join(first[special_at:]))} calls"
         # the opener starts with text: a lazy lexeme that ends at its first occurrence
-        self.rule("text_head", f"{self.terminal('TEXT', self.free_text(nonempty=True))} "
+        self.rule("text_head", f"{self.terminal('TEXT', self.answer_text())} "
                                f"{self.lits(opener)}", lazy=True)
         return "text_head calls"
 
@@ -244,6 +253,12 @@ class _Writer:
         return "nv"
 
     # ------------------------------------------------------------------------------------ text
+
+    def answer_text(self) -> str:
+        """The answer's free text: no markup, and (tools declared) no opening the way a bare call does, which
+        the parser would read as one."""
+        body = self.free_text(nonempty=True)
+        return f"{body} & ~{bare_opening_regex(self.bare_tools)}" if self.bare_tools else body
 
     def free_text(self, *, nonempty: bool) -> str:
         """Text that spells none of the format's literals' markers and none of its call openers."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from enum import Enum, auto
 
 from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+from zllm.dialects.bare_json import BareCallReader, reads_bare
 from zllm.dialects.base import StreamParser
 from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
@@ -39,6 +40,7 @@ class _State(Enum):
     AFTER_PARAM = auto()  # another parameter, or the call's closer
     AFTER_CALL = auto()  # another call, or the section's end
     SLOT = auto()  # the call's id or index, inside the name's or the call's closer (format.py `slot`)
+    BARE = auto()  # the content opened with `{`: a bare JSON call, or text (bare_json.py)
 
 
 class DerivedParser(StreamParser):
@@ -68,6 +70,10 @@ class DerivedParser(StreamParser):
         self._cursor: JsonCursor | None = None
         self._key = ""
         self._value = ""
+        # a bare JSON call may open the content (bare_json.py), where the format's own calls do not open with `{`
+        self._bare_tools = frozenset(self._tools) if reads_bare(fmt.section_open + fmt.call_open) else frozenset()
+        self._bare: BareCallReader | None = None
+        self._content_begun = False
 
     @property
     def calls_completed(self) -> int:
@@ -84,6 +90,12 @@ class DerivedParser(StreamParser):
             start, self._start = self._start, ""
             self._go(_State.TEXT)
             self._run(start)
+        if self._state is _State.BARE:
+            self._events += self._bare.finish()
+            self._completed += self._bare.calls_completed
+            self._call_index += self._bare.calls_started
+            self._bare = None
+            self._go(_State.TEXT)
         held = "".join(piece.text for piece in self._scanner.flush())
         state = self._state
         if state in (_State.TEXT, _State.AFTER_CALL):
@@ -113,6 +125,14 @@ class DerivedParser(StreamParser):
             text = self._in_start(text)
         pending = text
         while pending:
+            if self._state is _State.TEXT and not self._content_begun:
+                self._content_begun = True
+                if self._bare_tools and pending.startswith("{"):
+                    self._bare = BareCallReader(self._bare_tools, self._new_call_id)
+                    self._state = _State.BARE
+            if self._state is _State.BARE:
+                pending = self._in_bare(pending)
+                continue
             if self._state is _State.JSON_ARGS:
                 pending = self._in_json(pending)
                 continue
@@ -173,6 +193,18 @@ class DerivedParser(StreamParser):
         return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
                 _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param, _State.SLOT: self._in_slot,
                 _State.AFTER_CALL: self._in_after_call}[state](text, tag)
+
+    def _in_bare(self, text: str) -> str:
+        """The content's opening object, read by the bare reader; once it ended, what followed is read here."""
+        bare = self._bare
+        self._events += bare.feed(text)
+        if not bare.done:
+            return ""
+        self._completed += bare.calls_completed
+        self._call_index += bare.calls_started  # this format's calls are numbered after a bare one
+        self._bare = None
+        self._go(_State.TEXT)
+        return bare.take_rest()
 
     # ------------------------------------------------------------------------------------ calls
 

@@ -1,12 +1,17 @@
 """A conversation rendered by the model's own template: tools, calls, results and reasoning as the template
 writes them (so the prompt is byte for byte what the model was trained on, and a call the model wrote comes
-back in the next turn's prompt exactly as written, when the parser and the fence follow the derived format)."""
+back in the next turn's prompt exactly as written, when the parser and the fence follow the derived format; a call
+the model wrote as a bare JSON object opening its turn comes back as that turn's text, bare, as written, unless
+the template refuses tool results after a turn without calls: then in the family's markup, and the cache forks)."""
 
 from __future__ import annotations
 
 import json
 
+import jinja2
+
 from zllm.canonical import FunctionTool, Message, ToolCall
+from zllm.dialects.bare_json import bare_call_text, opens_bare, reads_bare
 from zllm.dialects.base import Conversation
 from zllm.dialects.derived.format import CallFormat
 from zllm.dialects.derived.ids import template_id
@@ -16,17 +21,33 @@ from zllm.dialects.derived.jinja import JinjaChatTemplate
 def render_conversation(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None = None,
                         **variables) -> str:
     tools = [tool_spec(tool) for tool in conversation.tools] or None
-    return template([message_dict(m, fmt) for m in conversation.messages], tools=tools,
-                    add_generation_prompt=conversation.add_generation_prompt, **variables)
+
+    def render(bare: bool) -> str:
+        return template([message_dict(m, fmt, bare=bare) for m in conversation.messages], tools=tools,
+                        add_generation_prompt=conversation.add_generation_prompt, **variables)
+
+    if fmt is None or not any(opens_bare(m) for m in conversation.messages):
+        return render(False)
+    try:
+        return render(True)
+    except jinja2.TemplateError:
+        # the template refuses results that follow no call (MiniMax M2: "no previous assistant message with a
+        # tool call"): the bare call is written in the family's markup, and the prompt forks at that turn
+        return render(False)
 
 
-def message_dict(message: Message, fmt: CallFormat | None = None) -> dict:
+def message_dict(message: Message, fmt: CallFormat | None = None, *, bare: bool = False) -> dict:
+    """`bare`: a call the model wrote as a bare JSON object opening its turn is given as the turn's text."""
     ids = (lambda call_id: template_id(call_id, fmt)) if fmt is not None else (lambda call_id: call_id)
-    out: dict = {"role": message.role, "content": message.content}
+    content, calls = message.content, message.tool_calls
+    bare = opens_bare(message) if bare and fmt is not None and reads_bare(fmt.section_open + fmt.call_open) else None
+    if bare is not None:  # the model wrote it as a bare JSON object (bare_json.py): the turn's text, as written
+        content, calls = bare_call_text(bare), calls[1:]
+    out: dict = {"role": message.role, "content": content}
     if message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
-    if message.tool_calls:
-        out["tool_calls"] = [{**call_dict(call), "id": ids(call.id)} for call in message.tool_calls]
+    if calls:
+        out["tool_calls"] = [{**call_dict(call), "id": ids(call.id)} for call in calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = ids(message.tool_call_id)
     if message.name is not None:

@@ -3,7 +3,8 @@
 What the fence lets a GLM model write after `<|assistant|>` (two tools, tool_choice auto, thinking on):
 
     "\n" <think> reasoning </think>                        optional, only when the request reasons
-    free text                                              no markup spelled out in it
+    free text                                              no markup spelled out in it, nor a bare call's opening
+    "\n" {"name": "get_weather", "arguments": {...}}      or (auto) one call as bare JSON (bare_json.py)
     <tool_call> "get_weather\n"                            a known tool's name line
       <arg_key> "city" </arg_key> "\n" <arg_value> raw text </arg_value> "\n"     string: raw, no markup
       <arg_key> "days" </arg_key> "\n" <arg_value> %json{integer} </arg_value> "\n"  (optional: skippable)
@@ -22,6 +23,7 @@ import json
 import re
 
 from zllm.canonical import FunctionTool
+from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex
 from zllm.dialects.base import (
     CANONICAL_JSON_GUIDANCE,
     FenceGrammar,
@@ -75,10 +77,33 @@ def _answer_rule(lark: _LarkWriter, spec: FenceSpec, calls: bool) -> str:
         return forced_call
     if spec.response_schema is not None:
         return f'("\\n" json_answer | {forced_call})' if calls else '"\\n" json_answer'
-    text = lark.terminal("TEXT", _free_text(nonempty=True))
+    text = _answer_text(lark, spec.tools)
     if not calls:
         return f"{text}?"
-    return f"(TEXT? | {lark.text_until(CALL_OPEN)} call more_calls)"
+    bare = ""
+    if spec.choice.mode == "auto":  # one call written as a bare JSON object after GLM's "\n", the whole answer
+        for name, body in bare_call_rules(spec.tools, framing=NL).items():
+            lark.rule(name, body)
+        bare = " | bare_call"
+    return f"({text}?{bare} | {_answer_head(lark, spec.tools)} call more_calls)"
+
+
+def _answer_text(lark: _LarkWriter, tools: tuple[FunctionTool, ...]) -> str:
+    """The answer's free text: no markup, and (tools declared) no opening the way a bare JSON call does, with
+    or without GLM's "\n" before it (the parser would read it as a call: bare_json.py)."""
+    return lark.terminal("ANSWER_TEXT", _free_text(nonempty=True) + _not_bare(tools))
+
+
+def _answer_head(lark: _LarkWriter, tools: tuple[FunctionTool, ...]) -> str:
+    """The answer's free text, then the first call's opener."""
+    if lark.markup.is_single(CALL_OPEN):
+        return f"{_answer_text(lark, tools)}? {lark.markup.lark(CALL_OPEN)}"
+    any_text = lark.terminal("ANSWER_TEXT_ANY", _free_text(nonempty=False) + _not_bare(tools))
+    return lark.rule("answer_head", f"{any_text} {lark.markup.lark(CALL_OPEN)}", lazy=True)
+
+
+def _not_bare(tools: tuple[FunctionTool, ...]) -> str:
+    return f" & ~{bare_opening_regex(tools, framing=chr(92) + 'n?')}" if tools else ""
 
 
 def _call_rule(lark: _LarkWriter, index: int, tool: FunctionTool) -> str:

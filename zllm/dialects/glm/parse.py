@@ -16,6 +16,7 @@ from zllm.canonical import (
     ToolCallEnd,
     ToolCallStart,
 )
+from zllm.dialects.bare_json import BareCallReader
 from zllm.dialects.base import (
     StreamParser,
 )
@@ -50,6 +51,7 @@ class _State(Enum):
     KEY = auto()  # after <arg_key>
     AFTER_KEY = auto()  # after </arg_key>, expecting <arg_value>
     VALUE = auto()  # after <arg_value>
+    BARE = auto()  # the content opened with `{`: a bare JSON call, or text (bare_json.py)
 
 
 _TAGS: dict[_State, tuple[str, ...]] = {
@@ -91,7 +93,7 @@ class GlmXmlParser(StreamParser):
         self._handlers: dict[_State, Callable[[str, str | None, str | None], str]] = {
             _State.TEXT: self._in_text, _State.REASONING: self._in_reasoning, _State.NAME: self._in_name,
             _State.BETWEEN: self._in_between, _State.KEY: self._in_key, _State.AFTER_KEY: self._in_after_key,
-            _State.VALUE: self._in_value,
+            _State.VALUE: self._in_value, _State.BARE: self._in_bare,
         }
         self._scanner = TagScanner(_TAGS[_State.TEXT])
         self._events: list[Event] = []
@@ -102,6 +104,9 @@ class GlmXmlParser(StreamParser):
         self._call: _Call | None = None
         self._calls_started = 0
         self._calls_completed = 0
+        self._bare_tools = frozenset(self._tools)  # a bare JSON call may open the content (bare_json.py)
+        self._bare: BareCallReader | None = None
+        self._content_begun = False  # text or a call went out (reasoning does not count)
 
     @property
     def calls_completed(self) -> int:
@@ -112,6 +117,9 @@ class GlmXmlParser(StreamParser):
         return self._take()
 
     def finish(self) -> list[Event]:
+        if self._state is _State.BARE:
+            self._events += self._bare.finish()
+            self._end_bare()
         self._run(self._flush_held())  # held text, rescanned under the current state's tags
         leftover = self._flush_held()
         if self._state is _State.TEXT:
@@ -133,6 +141,15 @@ class GlmXmlParser(StreamParser):
     def _run(self, text: str) -> None:
         pending = text
         while pending:
+            if self._state is _State.TEXT and self._may_open_bare():
+                if self._skip_newline and pending.startswith("\n"):  # GLM's separator before the content
+                    self._skip_newline, pending = False, pending[1:]
+                    continue
+                if pending.startswith("{"):
+                    self._bare, self._state = BareCallReader(self._bare_tools, self._new_call_id), _State.BARE
+            if self._state is _State.BARE:  # not scanned for tags: the bare reader reads JSON
+                pending = self._handlers[_State.BARE](pending, None, None)
+                continue
             pieces = self._scanner.feed(pending)
             if not pieces:
                 return
@@ -142,6 +159,27 @@ class GlmXmlParser(StreamParser):
                 return  # all text consumed; the scanner holds a possible partial tag
             # the tag may have changed the state: what follows it is scanned again with the new tags
             pending = given_back + rest + self._flush_held()
+
+    def _may_open_bare(self) -> bool:
+        """The next character would open the content: no text, call or held text yet."""
+        return (bool(self._bare_tools) and not self._content_begun and not self._scanner.held
+                and not self._held_newline)
+
+    def _in_bare(self, text: str, tag: str | None, canonical: str | None) -> str:
+        """The content's opening object, read by the bare reader; once it ended, what followed is read here."""
+        self._events += self._bare.feed(text)
+        if not self._bare.done:
+            return ""
+        rest = self._bare.take_rest()
+        self._end_bare()
+        return rest
+
+    def _end_bare(self) -> None:
+        bare, self._bare = self._bare, None
+        self._calls_completed += bare.calls_completed
+        self._calls_started += bare.calls_started  # GLM's own calls are numbered after a bare one
+        self._content_begun, self._skip_newline = True, False
+        self._go(_State.TEXT)
 
     def _flush_held(self) -> str:
         return "".join(piece.text for piece in self._scanner.flush())
@@ -255,6 +293,7 @@ class GlmXmlParser(StreamParser):
         return self._call
 
     def _start_call(self, name: str) -> None:
+        self._content_begun = True
         self._call = _Call(self._calls_started, self._tools.get(name))
         self._calls_started += 1
         self._events.append(ToolCallStart(self._call.index, self._new_call_id(), name))
@@ -316,11 +355,13 @@ class GlmXmlParser(StreamParser):
             text, self._held_newline = text[:-1], "\n"
         if text:
             self._events.append(TextDelta(text))
+            self._content_begun = True
 
     def _text_flush(self) -> None:
         if self._held_newline:
             self._events.append(TextDelta(self._held_newline))
             self._held_newline = ""
+            self._content_begun = True
 
     def _reasoning(self, text: str) -> None:
         if text:

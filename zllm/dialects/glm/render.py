@@ -9,6 +9,7 @@ from zllm.canonical import (
     Message,
     ToolCall,
 )
+from zllm.dialects.bare_json import bare_call_text, opens_bare
 from zllm.dialects.base import (
     Conversation,
 )
@@ -73,9 +74,12 @@ def render_assistant_turn(message: Message, tools: dict[str, FunctionTool], *, k
         content = content.split(THINK_CLOSE)[-1].lstrip("\n")
     kept = reasoning.strip() if keep_reasoning and reasoning else ""
     text = f"\n{THINK_OPEN}{kept}{THINK_CLOSE}"
+    calls, bare = message.tool_calls, opens_bare(message)
+    if bare is not None:  # the model wrote it as a bare JSON object opening its content (bare_json.py)
+        content, calls = bare_call_text(bare), calls[1:]
     if content.strip():
         text += "\n" + content.strip()
-    return text + "".join("\n" + render_call(call, tools.get(call.name)) for call in message.tool_calls)
+    return text + "".join("\n" + render_call(call, tools.get(call.name)) for call in calls)
 
 
 def render_call(call: ToolCall, tool: FunctionTool | None) -> str:
