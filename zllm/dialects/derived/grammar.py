@@ -245,7 +245,7 @@ class _Writer:
         quoted = f"{self.lits(f.quote_open)} {self.until('nv_text', f.quote_close)}"
         self.rule("nv", f'nv_object | nv_array | nv_string | NV_NUMBER | "true" | "false" | {self.lits(f.null_word)}')
         self.rule("nv_string", quoted)
-        self.rule("nv_pair", f'NV_KEY ":" nv')
+        self.rule("nv_pair", 'NV_KEY ":" nv')
         self.rule("nv_object", '"{" (nv_pair ("," nv_pair)*)? "}"')
         self.rule("nv_array", '"[" (nv ("," nv)*)? "]"')
         self.terminal("NV_KEY", "/[A-Za-z_][A-Za-z0-9_]{0,40}/")
