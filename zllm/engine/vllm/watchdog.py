@@ -71,4 +71,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    # not sys.exit: the thread blocked reading stdin would abort the interpreter's shutdown (SIGABRT)
+    os._exit(status)
