@@ -137,13 +137,13 @@ def test_a_client_that_disconnects_frees_the_vllm_request(vllm_daemon: Daemon) -
 
 
 def test_ps_shows_vllm(vllm_daemon: Daemon) -> None:
-    model = vllm_daemon.control().call("ps", {})["models"][0]
+    model = vllm_daemon.control().call("ps")["models"][0]
     assert model["backend"] == "vllm" and model["device"].startswith("http://127.0.0.1:")
     assert "tensor parallel 1, pipeline parallel 1" in model["backend_reason"]
 
 
 def vllm_daemon_server_url(daemon: Daemon) -> str:
-    return daemon.control().call("ps", {})["models"][0]["device"]
+    return daemon.control().call("ps")["models"][0]["device"]
 
 
 def running_requests(url: str) -> int:
