@@ -117,3 +117,38 @@ def test_the_generate_body_and_chunks() -> None:
     assert usage.usage == (70, 2, 64)
     assert wire.read_chunk('{"error": {"message": "boom", "code": 400}}').error == "boom"
     assert wire.read_chunk("[DONE]").done
+
+
+def test_the_client_without_a_server(tmp_path) -> None:
+    """The vLLM client is a ServedEngine; a bad tool schema is refused before anything is sent; a server that is
+    not there ends the stream with Finished(ERROR), not an exception in the API layer."""
+    import asyncio
+
+    import pytest
+
+    from tests.support.tiny_models import tiny_qwen_dir
+    from zllm.canonical import ChatRequest, Finished, FinishReason, Message
+    from zllm.canonical.request import FunctionTool, ToolChoice
+    from zllm.control.served import ServedEngine
+    from zllm.engine.vllm.client import VllmEngineClient
+    from zllm.engine.vllm.server import free_port
+    from zllm.errors import InvalidRequest
+
+    async def main():
+        client = VllmEngineClient.open(tiny_qwen_dir(), f"http://127.0.0.1:{free_port()}", served_model="m",
+                                       name="m", created=0, context_length=256)
+        try:
+            assert isinstance(client, ServedEngine) and client.prefix_cache is None
+            hello = (Message(role="user", content="hi"),)
+            bad = FunctionTool(name="f", description="", parameters={"type": "object", "properties": {
+                "x": {"type": "string", "pattern": "(unclosed"}}})
+            with pytest.raises(InvalidRequest):
+                await client.submit(ChatRequest(id="bad", model="m", messages=hello, tools=(bad,),
+                                                tool_choice=ToolChoice(mode="required")))
+            stream = await client.submit(ChatRequest(id="r", model="m", messages=hello))
+            events = [event async for event in stream]
+            assert isinstance(events[-1], Finished) and events[-1].reason is FinishReason.ERROR
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
