@@ -124,16 +124,25 @@ def test_responses_and_messages_answer(vllm_daemon: Daemon) -> None:
 
 def test_a_client_that_disconnects_frees_the_vllm_request(vllm_daemon: Daemon) -> None:
     url = vllm_daemon_server_url(vllm_daemon)
-    client = chat(vllm_daemon)
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to 1000."}],
-                                            max_tokens=1500, stream=True)
-    next(iter(stream))
-    assert running_requests(url) == 1
+    stream = chat(vllm_daemon).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write the numbers from 1 to 500, one per line."}],
+        max_tokens=1500, temperature=0, stream=True)
+    chunks = iter(stream)
+    while not next(chunks).choices[0].delta.content:  # the role chunk comes before vLLM has a token
+        pass
+    assert wait_until(lambda: running_requests(url) == 1, 10)
     stream.close()
-    deadline = time.monotonic() + 30
-    while running_requests(url) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert running_requests(url) == 0
+    assert wait_until(lambda: running_requests(url) == 0, 30)
+    assert vllm_daemon.logged("Aborted request(s) generate-tokens-", timeout=10)  # vLLM's own word for it
+
+
+def wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_ps_shows_vllm(vllm_daemon: Daemon) -> None:
