@@ -112,6 +112,10 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
 
     model_dir = Path(served.path)
     config = read_model_json(model_dir / "config.json")
+    if settings.draft_model or settings.speculative:
+        raise ConfigError("--speculative and --draft-model drive zllm's own engines, not vLLM",
+                          hint='pass vLLM\'s own, e.g. --vllm-args \'--speculative-config {"method": "ngram", '
+                               '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     if settings.vllm_url:
         server = VllmServer.attach(settings.vllm_url)
         reason = f"attached to the vLLM server at {server.url} (--vllm-url)"
