@@ -48,24 +48,26 @@ def end_group(server: subprocess.Popen) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # plain flags, polled: the SIGTERM handler runs inside whatever the main thread is doing, and an Event's
+    # set() from there deadlocks against that thread's own wait() on the same lock (seen: an orphaned vLLM)
+    stop = {"daemon_gone": False, "terminated": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(terminated=True))  # before the death signal is armed
     _die_with_parent()
     # its own process group (vLLM's children join it): one killpg ends them all, and not this keeper
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0)
-    stop = threading.Event()
 
     def watch_daemon() -> None:
         while sys.stdin.buffer.read(1):  # nothing is ever written: EOF is the daemon gone (or stopping us)
             pass
-        stop.set()
+        stop["daemon_gone"] = True
 
     threading.Thread(target=watch_daemon, daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    while not stop.is_set():
+    while not (stop["daemon_gone"] or stop["terminated"]):
         if server.poll() is not None:
             code = server.returncode
             end_group(server)  # its children, if any remain
             return code if code >= 0 else 128 - code
-        stop.wait(0.2)
+        time.sleep(0.2)
     end_group(server)
     return 0
 
