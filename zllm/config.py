@@ -72,8 +72,14 @@ class Settings:
     dtype: str = "auto"
     # torch intra-op threads, or llama.cpp's; 0 = the backend's default
     threads: int = 0
-    # engine backend: auto (GGUF → llamacpp, safetensors → torch), torch, llamacpp
+    # engine backend: auto (GGUF → llamacpp, safetensors → torch), torch, llamacpp, or vllm (a vLLM server)
     backend: str = "auto"
+    # --backend vllm: the Python of a vLLM environment zllm starts the server from ("" = none)
+    vllm_python: str = ""
+    # --backend vllm: a running vLLM server (or cluster front) to attach to instead of starting one
+    vllm_url: str = ""
+    # --backend vllm: more flags for the server zllm starts (e.g. "--tensor-parallel-size 2")
+    vllm_args: str = ""
     # tokens; 0 = the model's own max_position_embeddings
     context_length: int = 0
     # required on every request when set (x-api-key or Authorization: Bearer)
@@ -159,8 +165,8 @@ class Settings:
             raise ConfigError(f"port must be 1..65535, not {self.port}")
         if self.threads < 0:
             raise ConfigError("threads must be >= 0")
-        if self.backend not in ("auto", "torch", "llamacpp"):
-            raise ConfigError(f"backend must be auto, torch or llamacpp, not {self.backend!r}")
+        if self.backend not in ("auto", "torch", "llamacpp", "vllm"):
+            raise ConfigError(f"backend must be auto, torch, llamacpp or vllm, not {self.backend!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], not {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from zllm import __version__, memory
 from zllm.config import Settings, configured_api_keys, split_list
-from zllm.errors import ConfigError, ModelNotFound, PullError
+from zllm.errors import ConfigError, EngineFailure, ModelNotFound, PullError
 from zllm.install_secrets import FILES as INSTALL_SECRET_FILES
 from zllm.install_secrets import load_install_secrets
 from zllm.private_files import private_dir, set_private_umask, tighten, tighten_tree
@@ -145,27 +145,34 @@ async def serve_forever(settings: Settings, served: Served) -> None:
 
 async def _serve_model(settings: Settings, served: Served, control, trace, stop: asyncio.Event) -> None:
     from zllm.api.app import create_app, start_site
-    from zllm.runtime.client import LocalEngineClient
+    from zllm.engines import open_engine
 
     settings = resolve_draft_model(settings)
     responses = open_response_store(settings)  # before the weights load: an unusable store file fails fast
     control.attach_responses(responses)
     fingerprints = open_fingerprint_store(settings)
+    loop = asyncio.get_running_loop()
+    died: list[int] = []  # the status of an engine process that ended on its own
     try:
         secrets = load_install_secrets(settings.state_dir)  # before the weights too: a damaged key fails fast
-        engine = await asyncio.get_running_loop().run_in_executor(None, lambda: LocalEngineClient.from_model_dir(
-            served.path, name=served.name, created=served.created, settings=settings, observer=trace.publish,
-            fingerprints=fingerprints))
-    except BaseException:
+        opened = await open_engine(settings, served, observer=trace.publish, fingerprints=fingerprints,
+                                   on_exit=lambda status: loop.call_soon_threadsafe(_engine_died, stop, died, status),
+                                   stop=stop)
+        if opened is None:  # stopped while the engine server was loading
+            raise _StoppedWhileLoading
+    except BaseException as exc:
         control.attach_responses(None)
         responses.close()
         fingerprints.close()
+        if isinstance(exc, _StoppedWhileLoading):
+            return
         raise
+    engine = opened.client
     # hand the heap loading freed back to the OS: glibc keeps freed pages in its arenas, counted as resident
     # (the load's parsed JSON, tokenizer clones and GGUF metadata, ~tens of MB)
     memory.trim()
     try:
-        control.attach(engine, describe_model(engine, served))
+        control.attach(engine, opened.info)
         if stop.is_set():  # SIGTERM while the weights were loading
             return
         app = create_app(engine, api_keys=configured_api_keys(settings), namespace_secret=secrets.namespace,
@@ -177,21 +184,35 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             runner = await start_site(app, settings.host, settings.port)
         except OSError as exc:  # taken since check_port_free looked
             raise port_in_use(settings.host, settings.port, exc) from None
-        log.info("serving %s on http://%s:%d/v1 (backend %s: %s; tool dialect %s: %s)", served.name, settings.host,
-                 settings.port, engine.loaded.backend, engine.loaded.backend_reason, engine.dialect_choice.name,
-                 engine.dialect_choice.reason)
+        log.info("serving %s on http://%s:%d/v1 (%s; tool dialect %s: %s)", served.name, settings.host,
+                 settings.port, opened.line, engine.dialect_choice.name, engine.dialect_choice.reason)
         log_dialect_check(engine)
         try:
             await stop.wait()
             control.phase = "stopping"
             log.info("shutting down")
+            if died:
+                raise EngineFailure(f"the engine server exited on its own (status {died[0]})",
+                                    hint="its last lines are in the log: zllm logs")
         finally:
             await runner.cleanup()  # stops listening, lets handlers finish (api.app's grace), cancels the rest → aborts
     finally:
         control.attach_responses(None)
         responses.close()  # after the app: its last saves have been written
-        engine.close()
+        await opened.close()
         fingerprints.close()  # the engine client's, until it is closed
+
+
+class _StoppedWhileLoading(Exception):
+    """SIGTERM (or a control `shutdown`) came while the engine server was loading."""
+
+
+def _engine_died(stop: asyncio.Event, died: list[int], status: int) -> None:
+    """An engine process that ended on its own (the vLLM server): the daemon cannot serve, so it stops; the
+    error and the engine's last lines are in the log (`zllm logs`)."""
+    log.error("the engine is gone; stopping the daemon")
+    died.append(status)
+    stop.set()
 
 
 def daemon_facts(settings: Settings, served: Served):
@@ -202,20 +223,6 @@ def daemon_facts(settings: Settings, served: Served):
                        http_url=f"http://{host}:{settings.port}/v1", host=settings.host, port=settings.port,
                        socket=str(settings.control_socket), data_dir=str(settings.data_dir),
                        log_file=str(settings.log_file), max_queue=settings.max_queue)
-
-
-def describe_model(engine, served: Served):
-    """`zllm ps`'s facts about the loaded weights, computed once."""
-    from zllm.control.protocol import LoadedModelInfo
-
-    loaded = engine.loaded
-    facts = dict(name=served.name, path=str(served.path), device=str(loaded.device), dtype=loaded.quantization,
-                 context_length=loaded.context_length, loaded_at=time.time(), backend=loaded.backend,
-                 backend_reason=loaded.backend_reason, quantization=loaded.quantization,
-                 dialect_round_trip=engine.dialect_check.held, dialect_problem=engine.dialect_check.problem)
-    weights = loaded.weights()
-    return LoadedModelInfo(architecture=weights.architecture, parameters=weights.parameters,
-                           model_bytes=weights.model_bytes, **facts)
 
 
 def log_dialect_check(engine) -> None:

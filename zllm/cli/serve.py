@@ -16,7 +16,10 @@ def serve(
     host: str = typer.Option(None, help="Address to bind. [env: ZLLM_HOST; default: 127.0.0.1]"),
     port: int = typer.Option(None, "--port", "-p", help="HTTP port. [env: ZLLM_PORT; default: 11435]"),
     threads: int = typer.Option(None, help="CPU threads for the engine, 0 = the backend's default. [env: ZLLM_THREADS]"),
-    backend: str = typer.Option(None, "--backend", help="Engine: auto (GGUF on llama.cpp, safetensors on torch), torch or llamacpp. [env: ZLLM_BACKEND; default: auto]"),
+    backend: str = typer.Option(None, "--backend", help="Engine: auto (GGUF on llama.cpp, safetensors on torch), torch, llamacpp, or vllm (a vLLM server: --vllm-python or --vllm-url). [env: ZLLM_BACKEND; default: auto]"),
+    vllm_python: str = typer.Option(None, "--vllm-python", help="--backend vllm: the Python of a vLLM environment to start the server from. [env: ZLLM_VLLM_PYTHON]"),
+    vllm_url: str = typer.Option(None, "--vllm-url", help="--backend vllm: attach to a running vLLM server (started with --enable-scale-out) instead. [env: ZLLM_VLLM_URL]"),
+    vllm_args: str = typer.Option(None, "--vllm-args", help="--backend vllm: more flags for the server zllm starts, e.g. \"--tensor-parallel-size 2\". [env: ZLLM_VLLM_ARGS]"),
     device: str = typer.Option(None, help="auto, cpu or cuda[:N]. [env: ZLLM_DEVICE]"),
     dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
     context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
@@ -60,6 +63,8 @@ def serve(
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
             cache_dir=cache_dir, exact_cache=exact_cache, dialect=dialect, speculative=speculative,
             draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk, backend=backend,
+            vllm_python=str(Path(vllm_python).expanduser().absolute()) if vllm_python else None,  # a venv's python: no resolve()
+            vllm_url=vllm_url, vllm_args=vllm_args,
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,6 +1,6 @@
 """`LocalEngineClient`: the production `zllm.canonical.EngineClient`, serving one loaded model in-process.
 
-    client = LocalEngineClient.from_model_dir(path, settings, name="smollm2", created=added_at)
+    client = zllm.engines.local_client(path, settings, name="smollm2", created=added_at)   # the daemon's wiring
     stream = await client.submit(request)                              # raises ZllmError before any event
     async for event in stream: ...                                     # TextDelta..., then exactly one Finished
     client.close()                                                     # aborts live requests, stops the thread
@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
-from zllm.config import Settings
 from zllm.diagnosis.explain import MissExplanation
 from zllm.diagnosis.fingerprint_store import FingerprintStore
 from zllm.diagnosis.near_miss import NearMiss
@@ -34,7 +32,6 @@ from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.loaded import DraftModel, LoadedModel
 from zllm.engine.sampler import SamplingConfig
-from zllm.engine.select import load_for_backend
 from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
@@ -49,7 +46,7 @@ from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence, FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
-from zllm.runtime.prefix import build_prefix_cache, cache_config_from_settings, served_model_key
+from zllm.runtime.prefix import build_prefix_cache, served_model_key
 from zllm.runtime.report import RequestReport
 from zllm.runtime.scheduler import SchedulerConfig
 from zllm.runtime.speculative import SpeculationConfig
@@ -148,48 +145,6 @@ class LocalEngineClient:
                                  out_of_memory=loaded.out_of_memory)
         self.engine.start()
         self._big_prompt_slots = asyncio.Semaphore(BIG_PROMPT_SLOTS)
-
-    @classmethod
-    def from_model_dir(
-        cls,
-        model_dir: str | Path,
-        settings: Settings,
-        *,
-        name: str | None = None,
-        created: int | None = None,
-        observer: Callable[[RequestReport], None] | None = None,
-        fingerprints: FingerprintStore | None = None,
-    ) -> LocalEngineClient:
-        """Load `model_dir` with the settings' device/dtype/threads/context_length/max_queue and serve it.
-
-        `name` (the model id clients must send) defaults to `settings.model`; `created` to the dir's mtime;
-        `settings.draft_model`, when set, is a model directory (the daemon resolves store names).
-        """
-        model_dir = Path(model_dir)
-        loaded = load_for_backend(model_dir, backend=settings.backend, device=settings.device, dtype=settings.dtype,
-                                  threads=settings.threads, context_length=settings.context_length,
-                                  cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
-                                  exact_cache=settings.exact_cache)
-        draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
-                 if settings.draft_model else None)
-        return cls(
-            loaded,
-            model_name=name or settings.model,
-            created=created if created is not None else int(model_dir.stat().st_mtime),
-            max_queue=settings.max_queue,
-            cache_config=cache_config_from_settings(settings, loaded, served_model_key(loaded)),
-            prefix_cache=settings.cache_rounds > 0,
-            observer=observer,
-            dialect=settings.dialect,
-            speculative=settings.speculative,
-            # one chunk size alone too: a request arriving during a long prefill waits for at most one chunk's
-            # forward, and the long prompt's own prefill is no slower in smaller chunks (bench/batching.py)
-            scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
-                                      idle_prefill_chunk=settings.prefill_chunk),
-            draft_model=draft,
-            owns_engine=True,
-            fingerprints=fingerprints,
-        )
 
     @property
     def dialect(self) -> Dialect:

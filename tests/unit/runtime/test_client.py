@@ -301,12 +301,14 @@ def test_leaving_the_iteration_early_aborts(client) -> None:
     assert finished.reason is FinishReason.LENGTH
 
 
-def test_from_model_dir_applies_the_settings(tmp_path) -> None:
+def test_local_client_applies_the_settings(tmp_path) -> None:
     from tests.support.tiny_models import tiny_llama_dir
     from zllm.config import Settings
 
     settings = Settings(device="cpu", threads=1, context_length=64, max_queue=3, data_dir=tmp_path)
-    client = LocalEngineClient.from_model_dir(tiny_llama_dir(), settings, name="llama-test", created=7)
+    from zllm.engines import local_client
+
+    client = local_client(tiny_llama_dir(), settings, name="llama-test", created=7)
     try:
         assert client.models()[0] == dataclasses.replace(client.models()[0], id="llama-test", created=7,
                                                          context_length=64)
