@@ -175,3 +175,24 @@ def test_llama_reads_its_own_bare_json_calls(name, dialects):
     text = fmt.section_open + fmt.call_open + "search" + fmt.name_close + BARE_ARGS + fmt.call_close
     (call,) = _as_message(parse_all(_make(dialect), text)).tool_calls
     assert (call.name, json.loads(call.arguments), call.form) == ("search", json.loads(BARE_ARGS), "")
+
+
+def test_the_whitespace_a_turn_opens_with_is_framing(dialects):
+    """Laguna XS's template opens every turn with `\\n` (format.py `content_lead`): dropped before text and before
+    a bare call, however the output was cut; with a longer lead, a part of it that is all the output is text."""
+    import dataclasses
+
+    from zllm.dialects.derived.parse import DerivedParser
+
+    fmt = dialects["poolside-Laguna-XS-2.1"].format
+    assert fmt.content_lead == "\n"
+    for lead in ("\n", "\n \n"):
+        make = lambda lead=lead: DerivedParser(dataclasses.replace(fmt, content_lead=lead), TOOLS,  # noqa: E731
+                                               counter("call_"), thinking=False)
+        assert assert_split_invariant(make, lead + "Hello.") == [TextDelta("Hello.")]
+        events = assert_split_invariant(make, lead + BARE)
+        assert events[0] == ToolCallStart(0, "call_0-bja", "search") and events[-1] == ToolCallEnd(0, BARE_ARGS)
+    longer = lambda: DerivedParser(dataclasses.replace(fmt, content_lead="\n \n"), TOOLS,  # noqa: E731
+                                   counter("call_"), thinking=False)
+    assert assert_split_invariant(longer, "\n ") == [TextDelta("\n ")]
+    assert assert_split_invariant(longer, "\n Hi") == [TextDelta("\n Hi")]

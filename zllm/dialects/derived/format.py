@@ -1,6 +1,6 @@
 """What a derived dialect knows about its model's tool calls: the literals around each part of a call.
 
-    {content}{content_sep}{section_open}
+    {content_lead}{content}{content_sep}{section_open}
       {call_open}NAME{name_close}ARGUMENTS{call_close}      one per call, `call_sep` between calls
     {section_close}
 
@@ -15,7 +15,9 @@ Reasoning, where the template writes it: `{think_open}REASONING{think_close}` at
 `turn_end` is the text the template closes an assistant turn with (its end-of-turn marker); `call_turn_end` the
 one it closes a turn with calls with, where that differs (Gemma 4 ends it with `<|tool_response>`, and the
 results follow in the same model turn). `text_after_calls`: the template writes the turn's text after its calls. `gen_in_think`:
-the generation prompt itself opens the reasoning block (the model starts inside it).
+the generation prompt itself opens the reasoning block (the model starts inside it). `content_lead`: whitespace the
+template writes after the generation prompt before any content or call (Poolside Laguna XS: `</think>` ends the
+prompt, the turn goes on `\n`): framing, not text, and the separator before a bare JSON call (bare_json.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class CallFormat:
     param_mid: str = ""
     param_close: str = ""
     content_sep: str = ""
+    content_lead: str = ""
     think_open: str = ""
     think_close: str = ""
     gen_in_think: bool = False

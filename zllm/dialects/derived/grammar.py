@@ -2,7 +2,8 @@
 cut at its added tokens (named `<[id]>`; llguidance never matches an added token from quoted text).
 
     start: think? answer
-    answer: TEXT | TEXT_SEP? section | bare_call   (auto; `required` / a named tool: section only)
+    answer: TEXT | TEXT_SEP? section | bare_call   (auto; `required` / a named tool: section only; bare_call
+            after the `content_lead` the template opens every turn with, as one literal)
     section: "{section_open}" call ("{call_sep}" call)* "{section_close}"
     call: tool_0 | tool_1 ...
     tool_0: "{call_open}NAME{name_close}" %json{parameters} "{call_close}"                     (json)
@@ -78,7 +79,7 @@ class _Writer:
         if text == "json_answer":
             return f"(json_answer | {section})"
         if self.bare_tools:  # one call written as a bare JSON object, the whole answer
-            for name, body in bare_call_rules(tools).items():
+            for name, body in bare_call_rules(tools, framing=f.content_lead).items():
                 self.rule(name, body)
             section = f"bare_call | {section}"
         if not f.text_with_calls or f.text_after_calls:
@@ -256,9 +257,13 @@ class _Writer:
 
     def answer_text(self) -> str:
         """The answer's free text: no markup, and (tools declared) no opening the way a bare call does, which
-        the parser would read as one."""
+        the parser would read as one, after the format's content lead or without it (the parser drops it)."""
         body = self.free_text(nonempty=True)
-        return f"{body} & ~{bare_opening_regex(self.bare_tools)}" if self.bare_tools else body
+        if not self.bare_tools:
+            return body
+        lead = self.f.content_lead
+        framing = f"(?:{_regex(lead)})?" if lead else ""
+        return f"{body} & ~{bare_opening_regex(self.bare_tools, framing=framing)}"
 
     def free_text(self, *, nonempty: bool) -> str:
         """Text that spells none of the format's literals' markers and none of its call openers."""

@@ -74,6 +74,10 @@ class DerivedParser(StreamParser):
         self._bare_tools = frozenset(self._tools) if reads_bare(fmt.section_open + fmt.call_open) else frozenset()
         self._bare: BareCallReader | None = None
         self._content_begun = False
+        # the whitespace the template opens every turn with (format.py `content_lead`): dropped as framing,
+        # held while it may still be arriving
+        self._lead_open = bool(fmt.content_lead)
+        self._lead_seen = ""
 
     @property
     def calls_completed(self) -> int:
@@ -90,6 +94,9 @@ class DerivedParser(StreamParser):
             start, self._start = self._start, ""
             self._go(_State.TEXT)
             self._run(start)
+        if self._lead_open and self._lead_seen:  # a part of the lead, and the output ended: text
+            seen, self._lead_seen, self._lead_open = self._lead_seen, "", False
+            self._run(seen)
         if self._state is _State.BARE:
             self._events += self._bare.finish()
             self._completed += self._bare.calls_completed
@@ -125,6 +132,9 @@ class DerivedParser(StreamParser):
             text = self._in_start(text)
         pending = text
         while pending:
+            if self._state is _State.TEXT and self._lead_open:
+                pending = self._in_lead(pending)
+                continue
             if self._state is _State.TEXT and not self._content_begun:
                 self._content_begun = True
                 if self._bare_tools and pending.startswith("{"):
@@ -193,6 +203,16 @@ class DerivedParser(StreamParser):
         return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
                 _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param, _State.SLOT: self._in_slot,
                 _State.AFTER_CALL: self._in_after_call}[state](text, tag)
+
+    def _in_lead(self, text: str) -> str:
+        """The turn's opening, while it may be the format's content lead: the lead dropped, what follows (or
+        what proved not to be the lead) given back; "" while it may still be arriving."""
+        lead, seen = self.f.content_lead, self._lead_seen + text
+        if lead.startswith(seen) and seen != lead:
+            self._lead_seen = seen
+            return ""
+        self._lead_seen, self._lead_open = "", False
+        return seen.removeprefix(lead)
 
     def _in_bare(self, text: str) -> str:
         """The content's opening object, read by the bare reader; once it ended, what followed is read here."""

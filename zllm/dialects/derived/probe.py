@@ -123,8 +123,12 @@ class _Prober:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        return self._with_slot(self._with_history_ids(
+        fmt = self._with_slot(self._with_history_ids(
             self._with_reasoning(self._with_content(fmt, lead), lead, tail)))
+        if lead and not lead.strip() and not fmt.reasons:
+            # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
+            fmt = _replace(fmt, content_lead=lead)
+        return fmt
 
     def _with_history_ids(self, fmt: CallFormat) -> CallFormat:
         """A template that writes each call's id once results follow, not in the turn the model writes (Apriel
