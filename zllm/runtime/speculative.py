@@ -47,7 +47,7 @@ class SpeculationConfig:
     # defaults from bench/speculative.py on a CPU: a verify forward costs well over a decode step even for a
     # 2-token draft, so drafts are long and only drafted from a 3-gram match or longer (a 1-gram "match" is
     # right too rarely to pay for its forward on text that is not an echo)
-    max_draft: int = 12  # k: draft tokens verified per forward at most
+    max_draft: int = 12  # k: draft tokens verified per forward at most (k + 1 < 64: llama.cpp's per-cell attention)
     max_ngram: int = 5  # longest suffix n-gram looked up
     min_ngram: int = 3  # shortest (1: any earlier occurrence of the last token)
     # after a draft whose first token is rejected, plain steps before the next draft: 1, 2, 4 .. max_backoff
