@@ -240,6 +240,8 @@ class ConstantModel:
     """A runner whose logits are the same row at every position, over a cache that only counts tokens: every
     emitted token must then be an independent draw from that row's p, whatever was drafted or rejected."""
 
+    step_rows = 1
+
     def __init__(self, row: torch.Tensor):
         self.row = row
 

@@ -202,6 +202,11 @@ class LlamaCppEngine:
         return self.cells * self.bytes_per_token
 
     @property
+    def step_rows(self) -> int:
+        """The fewest tokens a step computes: a lone token gets a pad row when padded."""
+        return 2 if self.settings.padded else 1
+
+    @property
     def free_sequences(self) -> int:
         return len(self._free_ids)
 

@@ -1,0 +1,147 @@
+"""Speculation on llama.cpp over long agent turns: greedy identity and decode tok/s, side by side in one run.
+
+    .venv/bin/python bench/speculative_llamacpp.py [MODEL_DIR] [--threads 1] [--new-tokens 300] [--turns ...]
+
+One engine (the default model: F16 weights, F16 cells) with ContextSettings.uniform_rows, as a speculating
+server loads it. Per turn, from the same prefilled prompt, greedy with the model's EOS ignored (exactly
+--new-tokens tokens), timed after the prefill:
+
+    plain        1-token decodes without the pad row: the server without --speculative
+    padded       1-token decodes with it: what every step of a speculating server costs when it drafts nothing
+    speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults)
+
+Turns: echo (rewrite a file just read, one value changed), edit (apply a small change to a function and print
+the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
+copy). The script fails unless speculative == padded token for token on every turn (the identity a speculating
+server guarantees); `plain_first_diff` says where 1-token decoding without the pad first parts from them (None:
+never, within --new-tokens).
+
+One JSON line per turn:
+    {"bench": "speculative_llamacpp", "turn": "echo", "tok_s": {"plain": .., "padded": .., "speculative": ..},
+     "speculative_vs_plain": .., "acceptance": .., "tokens_per_forward": .., "identical": true, ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
+from speculative import ASK, FILE, STORY  # noqa: E402  (bench/speculative.py: the P4 echo turn)
+
+from zllm.engine.contract import Row  # noqa: E402
+from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
+from zllm.engine.sampler import Sampler, SamplingConfig  # noqa: E402
+from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep  # noqa: E402
+
+FUNCTION = '''def retry(call, attempts=3, delay=0.5):
+    """Call `call` until it succeeds, at most `attempts` times, sleeping `delay` seconds between tries."""
+    last = None
+    for attempt in range(attempts):
+        try:
+            return call()
+        except OSError as error:
+            last = error
+            time.sleep(delay * (attempt + 1))
+    raise RuntimeError(f"gave up after {attempts} attempts") from last
+'''
+TOOL_CALL = json.dumps({"name": "Edit", "arguments": {
+    "file_path": "/home/user/project/src/settings.py", "old_string": "cache_mb = 512", "new_string": "cache_mb = 1024",
+    "replace_all": False, "description": "Raise the default cache size so long sessions keep their prefix"}},
+    indent=2)
+TURNS = {
+    "echo": ASK.format(file=FILE),
+    "edit": f"Here is retry.py:\n\n```python\n{FUNCTION}```\n\nChange the default delay to 1.0 and print the whole "
+            "file again in one code block.",
+    "json": f"Here is the tool call you made:\n\n{TOOL_CALL}\n\nRepeat the same call with replace_all set to true. "
+            "Reply with the JSON only.",
+    "free": STORY,
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = model_parser(__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=300)
+    parser.add_argument("--turns", default=",".join(TURNS))
+    return parser.parse_args()
+
+
+def greedy_plain(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
+    seq = engine.open()
+    try:
+        logits = engine.step([Row(seq, prompt)])[0]
+        tokens = []
+        start = time.perf_counter()
+        while True:
+            tokens.append(int(np.argmax(logits)))
+            if len(tokens) == new_tokens:
+                return tokens, time.perf_counter() - start
+            logits = engine.step([Row(seq, [tokens[-1]])])[0]
+    finally:
+        engine.release(seq)
+
+
+def greedy_speculative(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float, SpeculativeStep]:
+    seq = engine.open()
+    try:
+        logits = engine.step([Row(seq, prompt)])[0]
+        spec = SpeculativeStep(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, SpeculationConfig())
+        tokens: list[int] = []
+        start = time.perf_counter()
+        while len(tokens) < new_tokens:
+            run = spec.step(logits, seq, remaining=new_tokens - len(tokens))
+            tokens += run.tokens
+            logits = run.logits
+        return tokens, time.perf_counter() - start, spec
+    finally:
+        engine.release(seq)
+
+
+def main() -> None:
+    args = parse_args()
+    model_dir = resolve_model_dir(args)
+    loaded = load_gguf_model(model_dir, threads=args.threads, exact_cache=False, uniform_rows=True)
+    engine, tokenizer = loaded.engine, loaded.tokenizer
+    padded = engine.settings
+    unpadded = dataclasses.replace(padded, uniform_rows=False)
+    failed = []
+    for turn in args.turns.split(","):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": TURNS[turn]}], add_generation_prompt=True)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        engine.settings = unpadded
+        plain, plain_s = greedy_plain(engine, prompt, args.new_tokens)
+        engine.settings = padded
+        pad, pad_s = greedy_plain(engine, prompt, args.new_tokens)
+        got, spec_s, spec = greedy_speculative(engine, prompt, args.new_tokens)
+        rate = {"plain": args.new_tokens / plain_s, "padded": args.new_tokens / pad_s,
+                "speculative": args.new_tokens / spec_s}
+        identical = got == pad
+        print(json.dumps({
+            "bench": "speculative_llamacpp", "turn": turn, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
+            "tok_s": {side: round(value, 2) for side, value in rate.items()},
+            "speculative_vs_plain": round(rate["speculative"] / rate["plain"], 3),
+            "padded_vs_plain": round(rate["padded"] / rate["plain"], 3),
+            "acceptance": round(spec.stats.acceptance, 3), "drafted": spec.stats.drafted,
+            "tokens_per_forward": round(args.new_tokens / max(spec.stats.steps, 1), 2),
+            "identical": identical, "plain_first_diff": _first_diff(plain, pad),
+            "model": model_dir.name, "threads": args.threads}), flush=True)
+        if not identical:
+            failed.append(f"{turn} at token {_first_diff(got, pad)}")
+    if failed:
+        sys.exit(f"error: speculative greedy output differs from padded plain greedy: {', '.join(failed)}")
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+if __name__ == "__main__":
+    main()
