@@ -8,7 +8,9 @@ server loads it. Per turn, from the same prefilled prompt, greedy with the model
 
     plain        1-token decodes without the pad row: the server without --speculative
     padded       1-token decodes with it: what every step of a speculating server costs when it drafts nothing
-    speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults)
+    speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults;
+                 a step with no draft verifies a 1-token guess in the pad row's place)
+    no_guess     the same without the guess (a step with no draft is a padded 1-token step)
 
 Turns: echo (rewrite a file just read, one value changed), edit (apply a small change to a function and print
 the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
@@ -71,6 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=300)
     parser.add_argument("--turns", default=",".join(TURNS))
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side, interleaved; the best is kept")
     return parser.parse_args()
 
 
@@ -89,11 +92,17 @@ def greedy_plain(engine, prompt: list[int], new_tokens: int) -> tuple[list[int],
         engine.release(seq)
 
 
-def greedy_speculative(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float, SpeculativeStep]:
+class NoGuess(SpeculativeStep):
+    def _guess(self, remaining: int) -> bool:
+        return False
+
+
+def greedy_speculative(engine, prompt: list[int], new_tokens: int,
+                       kind: type[SpeculativeStep] = SpeculativeStep) -> tuple[list[int], float, SpeculativeStep]:
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        spec = SpeculativeStep(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, SpeculationConfig())
+        spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, SpeculationConfig())
         tokens: list[int] = []
         start = time.perf_counter()
         while len(tokens) < new_tokens:
@@ -116,19 +125,27 @@ def main() -> None:
     for turn in args.turns.split(","):
         text = tokenizer.apply_chat_template([{"role": "user", "content": TURNS[turn]}], add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        engine.settings = unpadded
-        plain, plain_s = greedy_plain(engine, prompt, args.new_tokens)
-        engine.settings = padded
-        pad, pad_s = greedy_plain(engine, prompt, args.new_tokens)
-        got, spec_s, spec = greedy_speculative(engine, prompt, args.new_tokens)
-        rate = {"plain": args.new_tokens / plain_s, "padded": args.new_tokens / pad_s,
-                "speculative": args.new_tokens / spec_s}
-        identical = got == pad
+        best = {"plain": float("inf"), "padded": float("inf"), "speculative": float("inf"), "no_guess": float("inf")}
+        identical = True
+        for _ in range(args.repeats):  # interleaved: the machine's noise hits every side alike
+            engine.settings = unpadded
+            plain, seconds = greedy_plain(engine, prompt, args.new_tokens)
+            best["plain"] = min(best["plain"], seconds)
+            engine.settings = padded
+            pad, seconds = greedy_plain(engine, prompt, args.new_tokens)
+            best["padded"] = min(best["padded"], seconds)
+            got, seconds, spec = greedy_speculative(engine, prompt, args.new_tokens)
+            best["speculative"] = min(best["speculative"], seconds)
+            unguessed, seconds, _ = greedy_speculative(engine, prompt, args.new_tokens, NoGuess)
+            best["no_guess"] = min(best["no_guess"], seconds)
+            identical = identical and got == pad == unguessed
+        rate = {side: args.new_tokens / seconds for side, seconds in best.items()}
         print(json.dumps({
             "bench": "speculative_llamacpp", "turn": turn, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
             "tok_s": {side: round(value, 2) for side, value in rate.items()},
             "speculative_vs_plain": round(rate["speculative"] / rate["plain"], 3),
             "padded_vs_plain": round(rate["padded"] / rate["plain"], 3),
+            "no_guess_vs_plain": round(rate["no_guess"] / rate["plain"], 3), "repeats": args.repeats,
             "acceptance": round(spec.stats.acceptance, 3), "drafted": spec.stats.drafted,
             "tokens_per_forward": round(args.new_tokens / max(spec.stats.steps, 1), 2),
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),

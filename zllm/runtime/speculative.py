@@ -123,8 +123,13 @@ class PromptLookup:
         if best is None or not len(best):
             return []
         start = int(best[-1]) + 1  # the latest occurrence: nearer text is likelier to be what is echoed
-        draft = sequence[start:start + limit].tolist()
-        return draft + list(tail[:limit - len(draft)])  # a match running into the tail continues in it
+        # what followed it: the rest of the sequence, then the tail; past the end the text repeats with the period
+        # between the occurrence and the suffix (a run of repeated lines drafts as long as the limit allows)
+        draft = [*sequence[start:start + limit].tolist(), *tail][:limit]
+        period = self._length + len(tail) - start
+        while len(draft) < limit:
+            draft.append(draft[len(draft) - period])
+        return draft
 
 
 @dataclass
