@@ -11,6 +11,9 @@ server loads it. Per turn, from the same prefilled prompt, greedy with the model
     speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults;
                  a step with no draft verifies a 1-token guess in the pad row's place)
     no_guess     the same without the guess (a step with no draft is a padded 1-token step)
+    ngram_mod    (--ngram-mod) llama-server --spec-default's drafting idea in zllm's step: a table from every
+                 24-token n-gram of prompt + output to the token after it, followed link by link, a draft only
+                 when 48+ tokens chain (capped at 62 here: 63 rows keep the per-cell attention)
 
 Turns: echo (rewrite a file just read, one value changed), edit (apply a small change to a function and print
 the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
@@ -74,6 +77,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=300)
     parser.add_argument("--turns", default=",".join(TURNS))
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side, interleaved; the best is kept")
+    parser.add_argument("--ngram-mod", action="store_true", help="also draft as llama-server --spec-default does")
     return parser.parse_args()
 
 
@@ -97,12 +101,45 @@ class NoGuess(SpeculativeStep):
         return False
 
 
-def greedy_speculative(engine, prompt: list[int], new_tokens: int,
-                       kind: type[SpeculativeStep] = SpeculativeStep) -> tuple[list[int], float, SpeculativeStep]:
+class NgramTable:
+    """llama.cpp's ngram-mod drafting as its header describes it (written here, not ported): n-gram → the token
+    that followed it (the latest), chained; nothing unless at least `least` tokens chain."""
+
+    def __init__(self, tokens, n: int = 24, least: int = 48, most: int = 62):
+        self.n, self.least, self.most = n, least, most
+        self.tokens: list[int] = []
+        self.table: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            if len(self.tokens) > self.n:
+                self.table[tuple(self.tokens[-self.n - 1:-1])] = token
+
+    def propose(self, limit: int, tail=()) -> list[int]:
+        context = [*self.tokens[-self.n:], *tail][-self.n:]
+        draft: list[int] = []
+        while len(draft) < min(limit, self.most):
+            token = self.table.get(tuple(context))
+            if token is None:
+                break
+            draft.append(token)
+            context = [*context[1:], token]
+        return draft if len(draft) >= min(self.least, limit) else []
+
+
+def greedy_speculative(engine, prompt: list[int], new_tokens: int, kind: type[SpeculativeStep] = SpeculativeStep,
+                       ngram_mod: bool = False) -> tuple[list[int], float, SpeculativeStep]:
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, SpeculationConfig())
+        config = SpeculationConfig(max_draft=62, max_backoff=0) if ngram_mod else SpeculationConfig()
+        spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, config,
+                    drafter=NgramTable(prompt) if ngram_mod else None)
         tokens: list[int] = []
         start = time.perf_counter()
         while len(tokens) < new_tokens:
@@ -139,6 +176,10 @@ def main() -> None:
             unguessed, seconds, _ = greedy_speculative(engine, prompt, args.new_tokens, NoGuess)
             best["no_guess"] = min(best["no_guess"], seconds)
             identical = identical and got == pad == unguessed
+            if args.ngram_mod:
+                table, seconds, table_spec = greedy_speculative(engine, prompt, args.new_tokens, NoGuess, True)
+                best["ngram_mod"] = min(best.get("ngram_mod", float("inf")), seconds)
+                identical = identical and table == pad
         rate = {side: args.new_tokens / seconds for side, seconds in best.items()}
         print(json.dumps({
             "bench": "speculative_llamacpp", "turn": turn, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
@@ -148,6 +189,9 @@ def main() -> None:
             "no_guess_vs_plain": round(rate["no_guess"] / rate["plain"], 3), "repeats": args.repeats,
             "acceptance": round(spec.stats.acceptance, 3), "drafted": spec.stats.drafted,
             "tokens_per_forward": round(args.new_tokens / max(spec.stats.steps, 1), 2),
+            **({"ngram_mod": {"acceptance": round(table_spec.stats.acceptance, 3), "drafted": table_spec.stats.drafted,
+                              "tokens_per_forward": round(args.new_tokens / max(table_spec.stats.steps, 1), 2)}}
+               if args.ngram_mod else {}),
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),
             "model": model_dir.name, "threads": args.threads}), flush=True)
         if not identical:
