@@ -297,12 +297,10 @@ class SpeculativeStep:
         return min(self.config.max_draft, remaining - 1)
 
     def _count(self, drafted: int, accepted: int, backs_off: bool = True) -> None:
-        if not backs_off:
-            pass
-        elif drafted and not accepted:
+        if backs_off and drafted and not accepted:
             self._backoff = min(max(1, 2 * self._backoff), self.config.max_backoff)
             self._skip = self._backoff
-        elif accepted:
+        elif backs_off and accepted:
             self._backoff = 0
         stats = self.stats
         stats.steps += 1
