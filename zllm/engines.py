@@ -68,7 +68,9 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
     loaded = load_for_backend(model_dir, backend=settings.backend, device=settings.device, dtype=settings.dtype,
                               threads=settings.threads, context_length=settings.context_length,
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
-                              exact_cache=settings.exact_cache)
+                              exact_cache=settings.exact_cache,
+                              # a speculating server decodes every token with the kernels that verify drafts
+                              uniform_rows=settings.speculative)
     draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
              if settings.draft_model else None)
     return LocalEngineClient(

@@ -10,6 +10,8 @@
     engine.release(seq)                      give its memory back (a failed request)
     engine.kept_state(seq)                   what the prefix cache keeps when the request ends
     engine.export_state(seq) / import_state(data)   a sequence as bytes and back (the SSD tier)
+    engine.step_rows                         the fewest tokens a step computes (2: a lone token gets a pad row,
+                                             which a 1-token speculative draft can take instead, for free)
 
 Backends: `torch` (engine/torch/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
 `llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
@@ -64,6 +66,7 @@ class KeptState:
 class Engine(Protocol):
     backend: str
     device: Any  # torch.device the logits live on; None: numpy arrays in host memory
+    step_rows: int  # the fewest tokens a step computes
 
     def engine_thread(self, threads: int) -> AbstractContextManager: ...
 

@@ -42,14 +42,14 @@ def choose_backend(requested: str, model_dir: Path) -> tuple[str, str]:
 
 def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "auto", dtype: str = "auto",
                      threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
-                     max_batch: int = 8, exact_cache: bool = True) -> LoadedModel:
+                     max_batch: int = 8, exact_cache: bool = True, uniform_rows: bool = False) -> LoadedModel:
     chosen, reason = choose_backend(backend, model_dir)
     if chosen == "llamacpp":
         from zllm.engine.llamacpp.loader import load_gguf_model
 
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason,
-                               exact_cache=exact_cache)
+                               exact_cache=exact_cache, uniform_rows=uniform_rows)
     from zllm.engine.torch.loader import load_model
 
     loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)

@@ -47,7 +47,7 @@ class SpeculationConfig:
     # defaults from bench/speculative.py on a CPU: a verify forward costs well over a decode step even for a
     # 2-token draft, so drafts are long and only drafted from a 3-gram match or longer (a 1-gram "match" is
     # right too rarely to pay for its forward on text that is not an echo)
-    max_draft: int = 12  # k: draft tokens verified per forward at most
+    max_draft: int = 12  # k: draft tokens verified per forward at most (k + 1 < 64: llama.cpp's per-cell attention)
     max_ngram: int = 5  # longest suffix n-gram looked up
     min_ngram: int = 3  # shortest (1: any earlier occurrence of the last token)
     # after a draft whose first token is rejected, plain steps before the next draft: 1, 2, 4 .. max_backoff
@@ -99,9 +99,10 @@ class PromptLookup:
         self._buffer[self._length:needed] = new
         self._length = needed
 
-    def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]:
+    def propose(self, limit: int, tail: Sequence[int] = (), *, min_ngram: int | None = None) -> list[int]:
         """Up to `limit` tokens that followed the longest matching suffix of tokens + `tail` (tail: tokens
-        already chosen for this step, not part of the sequence yet). Empty when nothing matches."""
+        already chosen for this step, not part of the sequence yet), at least `min_ngram` long (default: the
+        drafter's). Empty when nothing matches."""
         # an earlier occurrence ends before the suffix's own last token, so inside the sequence, at last_end or
         # before (the sequence's last token is the suffix's own unless a tail follows it)
         last_end = self._length - 1 if tail else self._length - 2
@@ -110,19 +111,25 @@ class PromptLookup:
         sequence = self._buffer[:self._length]
         recent = [*sequence[-self.max_ngram:].tolist(), *tail]
         ends = np.flatnonzero(sequence[:last_end + 1] == recent[-1])  # 1-gram hits, ascending
-        best = ends if self.min_ngram == 1 else None
+        shortest = self.min_ngram if min_ngram is None else min_ngram
+        best = ends if shortest == 1 else None
         for n in range(2, min(self.max_ngram, len(recent)) + 1):
             ends = ends[ends >= n - 1]
             ends = ends[sequence[ends - (n - 1)] == recent[-n]]
             if not len(ends):
                 break
-            if n >= self.min_ngram:
+            if n >= shortest:
                 best = ends
         if best is None or not len(best):
             return []
         start = int(best[-1]) + 1  # the latest occurrence: nearer text is likelier to be what is echoed
-        draft = sequence[start:start + limit].tolist()
-        return draft + list(tail[:limit - len(draft)])  # a match running into the tail continues in it
+        # what followed it: the rest of the sequence, then the tail; past the end the text repeats with the period
+        # between the occurrence and the suffix (a run of repeated lines drafts as long as the limit allows)
+        draft = [*sequence[start:start + limit].tolist(), *tail][:limit]
+        period = self._length + len(tail) - start
+        while len(draft) < limit:
+            draft.append(draft[len(draft) - period])
+        return draft
 
 
 @dataclass
@@ -152,6 +159,7 @@ class DraftPlan:
     first_id: int
     draft: list[int]
     masks: np.ndarray | None  # the fence's mask at each draft position ([len(draft), words]), None: no fence
+    guess: bool = False  # a 1-token draft in the row the engine would pad anyway (`_guess`): no backoff on it
 
     @property
     def feed(self) -> list[int]:
@@ -207,6 +215,9 @@ class SpeculativeStep:
             self.stats.emitted += 1
             return SpeculativeRun([first_id], None)
         draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
+        if not draft and self._guess(remaining):
+            draft, masks = self._draft(first_id, fence, loop_guard, 1, min_ngram=1)
+            return DraftPlan(first_id, draft, masks, guess=True)
         return DraftPlan(first_id, draft, masks)
 
     def resolve(self, plan: DraftPlan, rows: Logits, cache: Any) -> SpeculativeRun:
@@ -217,7 +228,7 @@ class SpeculativeStep:
         self.runner.crop(cache, held + 1 + accepted)
         tokens = [plan.first_id, *plan.draft[:accepted]]
         self.lookup.extend(tokens)
-        self._count(len(plan.draft), accepted)
+        self._count(len(plan.draft), accepted, backs_off=not plan.guess)
         return SpeculativeRun(tokens, rows[accepted])
 
     # ------------------------------------------------------------------ sampling the first token
@@ -235,8 +246,15 @@ class SpeculativeStep:
 
     # ------------------------------------------------------------------ drafting
 
+    def _guess(self, remaining: int) -> bool:
+        """Whether a step that drafts nothing should still verify one guessed token: when the engine computes 2+
+        rows per step anyway (a pad row: engine/contract.py's step_rows), the guess takes the pad's place and
+        costs nothing, so a no-copy turn gains whatever the guesses get right. The guess is what followed the
+        latest earlier occurrence of the last token (prompt lookup down to a 1-gram)."""
+        return remaining >= 2 and self.runner.step_rows >= 2 and isinstance(self.lookup, PromptLookup)
+
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
-               limit: int) -> tuple[list[int], np.ndarray | None]:
+               limit: int, min_ngram: int | None = None) -> tuple[list[int], np.ndarray | None]:
         """The draft after `first_id`, and the fence's mask at each draft position ([len(draft), words])."""
         if limit <= 0:
             return [], None
@@ -248,7 +266,8 @@ class SpeculativeStep:
             # text the grammar forces, tokenized canonically: a free draft, verified like any other (the mask
             # may allow another tokenization of it, which the model may prefer)
             forced = probe.forced_tokens()[:limit]
-        draft = forced + self.lookup.propose(limit - len(forced), tail=[first_id, *forced])
+        shorter = {} if min_ngram is None else {"min_ngram": min_ngram}  # PromptLookup's (`_guess`)
+        draft = forced + self.lookup.propose(limit - len(forced), tail=[first_id, *forced], **shorter)
         draft = _through_first_stop(draft, self.stop_token_ids)
         draft = draft[:_loop_free_length(guard, first_id, draft)]
         if probe is None or not draft:
@@ -277,11 +296,11 @@ class SpeculativeStep:
             return 0
         return min(self.config.max_draft, remaining - 1)
 
-    def _count(self, drafted: int, accepted: int) -> None:
-        if drafted and not accepted:
+    def _count(self, drafted: int, accepted: int, backs_off: bool = True) -> None:
+        if backs_off and drafted and not accepted:
             self._backoff = min(max(1, 2 * self._backoff), self.config.max_backoff)
             self._skip = self._backoff
-        elif accepted:
+        elif backs_off and accepted:
             self._backoff = 0
         stats = self.stats
         stats.steps += 1

@@ -28,6 +28,7 @@ from tests.support.speculation import (
 )
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
 from zllm.canonical import Finished
+from zllm.engine.contract import Row
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.engine.torch.kv_layers import crop_to, working_cache
 from zllm.engine.torch.runner import ModelRunner
@@ -58,13 +59,14 @@ def test_lookup_proposes_what_followed_the_longest_suffix_match() -> None:
     lookup = PromptLookup([1, 2, 3, 9, 2, 3, 4, 5, 7, 2, 3], max_ngram=3)
     assert lookup.propose(2) == [4, 5]  # "2 3" last followed by 4 (most recent occurrence wins)
     lookup.extend([4])
-    assert lookup.propose(8) == [5, 7, 2, 3, 4]  # "2 3 4" ran into the end of the sequence
+    # "2 3 4" ran into the end of the sequence: past it the text repeats with the period (5 tokens)
+    assert lookup.propose(8) == [5, 7, 2, 3, 4, 5, 7, 2]
     assert PromptLookup([1, 2, 9, 3, 2]).propose(3) == [9, 3, 2]  # only "2" matches (n = 1)
 
 
 def test_lookup_never_matches_the_suffix_itself_and_respects_limits() -> None:
     assert PromptLookup([5, 6, 7]).propose(4) == []
-    assert PromptLookup([5, 6, 5, 6], min_ngram=2).propose(4) == [5, 6]
+    assert PromptLookup([5, 6, 5, 6], min_ngram=2).propose(4) == [5, 6, 5, 6]
     assert PromptLookup([1, 2, 3, 1]).propose(0) == []
     assert PromptLookup([8, 1, 2, 3, 8], min_ngram=2).propose(3) == []  # "3 8" never seen; n = 1 not allowed
 
@@ -72,7 +74,7 @@ def test_lookup_never_matches_the_suffix_itself_and_respects_limits() -> None:
 def test_lookup_matches_through_the_tail() -> None:
     lookup = PromptLookup([1, 2, 3, 4, 1])
     assert lookup.propose(3, tail=[2]) == [3, 4, 1]  # suffix "1 2" ends in the tail
-    assert PromptLookup([7, 1]).propose(3, tail=[7]) == [1, 7]  # the continuation runs on into the tail
+    assert PromptLookup([7, 1]).propose(3, tail=[7]) == [1, 7, 1]  # on into the tail, then periodic
 
 
 # ---------------------------------------------------------------------------------------------- greedy = plain
@@ -240,6 +242,8 @@ class ConstantModel:
     """A runner whose logits are the same row at every position, over a cache that only counts tokens: every
     emitted token must then be an independent draw from that row's p, whatever was drafted or rejected."""
 
+    step_rows = 1
+
     def __init__(self, row: torch.Tensor):
         self.row = row
 
@@ -285,6 +289,33 @@ def test_speculative_steps_emit_tokens_distributed_as_p(config) -> None:
     assert spec.stats.accepted > 1000 and spec.stats.accepted < spec.stats.drafted
     frequencies = torch.bincount(torch.tensor(emitted), minlength=12) / len(emitted)
     assert torch.allclose(frequencies, p, atol=0.02)
+
+
+class PaddingModel(ConstantModel):
+    """ConstantModel on an engine that computes 2 rows per step anyway (llama.cpp with uniform rows)."""
+
+    step_rows = 2
+
+
+@pytest.mark.parametrize("model", [ConstantModel, PaddingModel])
+def test_a_step_with_no_draft_guesses_one_token_where_the_engine_pads_anyway(model) -> None:
+    """No 3-gram repeats: prompt lookup drafts nothing. A padding engine's step verifies the token that followed
+    the last one's latest occurrence instead of a pad, and a wrong guess costs no backoff."""
+    row = torch.zeros(12)
+    row[5] = 1.0  # greedy emits 5, 5, 5 ...
+    spec = SpeculativeStep(model(row), Sampler(GREEDY), [5, 7, 1, 2], SpeculationConfig(max_backoff=4))
+    cache = CountingCache()
+    plan = spec.plan(row.clone(), remaining=50)
+    if model is ConstantModel:
+        assert plan.draft == [] and not plan.guess
+        return
+    assert plan.guess and plan.draft == [7]  # what followed 5 in the prompt: wrong here
+    run = spec.resolve(plan, spec.runner.step([Row(cache, plan.feed, all_logits=True)])[0], cache)
+    assert run.tokens == [5] and spec._skip == 0 and spec.stats.drafted == 1
+    emitted = run.tokens
+    while len(emitted) < 20:
+        emitted += spec.step(row.clone(), cache, remaining=50).tokens
+    assert emitted[:20] == [5] * 20 and spec.stats.accepted > 10  # 5 follows 5 once it has been seen
 
 
 # ---------------------------------------------------------------------------------------------- in the engine loop

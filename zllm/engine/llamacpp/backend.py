@@ -79,6 +79,8 @@ class Attention:
 #   0 in their order, sharing kept).
 EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0, exact=True)
 FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
+# query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
+TILED_ATTENTION_ROWS = 64
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 
 
@@ -94,11 +96,23 @@ class ContextSettings:
     kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
     exact: bool = False  # EXACT_ATTENTION's comment: no 1-row product, cells in position order (two sequence
     #                      ids are kept: the pad tokens', and the dead cells')
+    # no product of 1 row in any decode (a pad token joins a lone one: EXACT_ATTENTION's comment), and F16 cells
+    # read by the per-cell attention kernel (2..63 query rows), so a token's logits are the same bits whether it
+    # is decoded alone or verified among drafted tokens: speculation never changes a greedy answer (one sequence
+    # id is kept for the pad tokens). It costs a second row in every 1-token step (~0.75x decode at 1 thread
+    # on the F16 default: bench/speculative_llamacpp.py), so it is on for a speculating server only. exact
+    # implies it.
+    uniform_rows: bool = False
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
         assert self.batch >= 1 and 1 <= self.ubatch <= self.batch
-        assert not self.exact or (self.ubatch >= 2 and self.max_sequences >= 3)
+        assert not self.padded or (self.ubatch >= 2 and self.max_sequences >= 3)
+
+    @property
+    def padded(self) -> bool:
+        """Whether decodes are shaped so that no product has 1 row (`uniform_rows`, or `exact`)."""
+        return self.exact or self.uniform_rows
 
 
 class LlamaCppEngine:
@@ -124,7 +138,7 @@ class LlamaCppEngine:
         self.cells = lc.llama_n_ctx(self.ctx)
         self._batch = lc.llama_batch_init(settings.batch, 0, 1)
         self._free_ids = list(range(settings.max_sequences - 1, -1, -1))  # pop() hands out 0 first
-        self._pad_id = self._free_ids.pop(0) if settings.exact else None  # the pad tokens' scratch sequence
+        self._pad_id = self._free_ids.pop(0) if settings.padded else None  # the pad tokens' scratch sequence
         # exact: released and cropped cells go to this sequence instead of being freed (no hole below a used cell)
         # until the pool is full, when they are dropped and the pool compacted (`_compact`)
         self._dead_id = self._free_ids.pop(0) if settings.exact else None
@@ -188,6 +202,11 @@ class LlamaCppEngine:
         return self.cells * self.bytes_per_token
 
     @property
+    def step_rows(self) -> int:
+        """The fewest tokens a step computes: a lone token gets a pad row when padded."""
+        return 2 if self.settings.padded else 1
+
+    @property
     def free_sequences(self) -> int:
         return len(self._free_ids)
 
@@ -224,12 +243,38 @@ class LlamaCppEngine:
         return LlamaSequence(self._free_ids.pop())
 
     def step(self, rows: Sequence[Row]) -> list[np.ndarray]:
-        """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens; in exact mode
-        one per ubatch (`_exact_chunks`)."""
+        """One llama_decode per `batch` tokens (one for any ordinary step) over every row's tokens; when padded
+        one per ubatch (`_exact_chunks`), and over F16 cells decoding rows apart from prefill ones (`_row_groups`)."""
+        results: list[np.ndarray | None] = [None] * len(rows)
+        for group in self._row_groups(rows):
+            for index, logits in zip(group, self._step_rows([rows[i] for i in group])):
+                results[index] = logits
+        return results
+
+    def _row_groups(self, rows: Sequence[Row]) -> list[list[int]]:
+        """The rows (indices) each group of decodes takes: all at once, except when padded over F16 cells. There
+        llama.cpp's attention takes its tiled kernel for a ubatch of TILED_ATTENTION_ROWS+ tokens (other sums than
+        the per-cell kernel's), so a decoding row (one token, or a draft to verify) beside a prefill chunk would
+        get other bits than alone: decoding rows go in decodes of fewer tokens, prefill rows after them."""
+        if not self.settings.padded or self.settings.kv_type != lc.GGML_TYPE_F16:
+            return [list(range(len(rows)))]
+        decoding = [i for i, row in enumerate(rows) if row.all_logits or len(row.token_ids) == 1]
+        groups: list[list[int]] = []
+        size = 0
+        for i in decoding:
+            if not groups or size + len(rows[i].token_ids) >= TILED_ATTENTION_ROWS:
+                groups.append([])
+                size = 0
+            groups[-1].append(i)
+            size += len(rows[i].token_ids)
+        prefilling = [i for i in range(len(rows)) if i not in set(decoding)]
+        return groups + ([prefilling] if prefilling else [])
+
+    def _step_rows(self, rows: Sequence[Row]) -> list[np.ndarray]:
         feeds = [(row.seq, token, row.seq.length + i, row.all_logits or i == len(row.token_ids) - 1)
                  for row in rows for i, token in enumerate(row.token_ids)]
         logits: list[np.ndarray] = []
-        spans = (_exact_chunks(len(feeds), self.settings.ubatch) if self.settings.exact
+        spans = (_exact_chunks(len(feeds), self.settings.ubatch) if self.settings.padded
                  else [(start, start + self.settings.batch) for start in range(0, len(feeds), self.settings.batch)])
         for start, end in spans:
             logits.extend(self._decode(feeds[start:end]))
@@ -246,7 +291,7 @@ class LlamaCppEngine:
         return results
 
     def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[np.ndarray]:
-        padded = self._pad(feeds) if self.settings.exact else feeds
+        padded = self._pad(feeds) if self.settings.padded else feeds
         if self._holes and self.settings.exact:
             self._compact()
         batch = self._batch
@@ -261,7 +306,7 @@ class LlamaCppEngine:
         if status == 1 and self._dead:  # no room: the dead cells make it, packed below the live ones
             self._compact()
             status = lc.llama_decode(self.ctx, batch)
-        if self.settings.exact:
+        if self.settings.padded:
             # the pad cells are the last ones placed: freeing them leaves no hole below a used cell
             lc.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
         if status != 0:

@@ -11,6 +11,8 @@ Nothing here imports torch or transformers (a test loads a model in a fresh proc
 `exact_cache` (the setting) picks the pool's cell type, attention kernel and the engine's exact mode:
 backend.EXACT_ATTENTION, where a cached prefix answers bit for bit like a cold prefill (no 1-row matmul, cells
 kept in position order), or backend.FAST_ATTENTION (F16 cells, llama.cpp's own choice of kernel).
+`uniform_rows` (a speculating server) pads 1-token decodes so that verifying a draft gives the bits decoding it
+token by token gives (ContextSettings.uniform_rows).
 
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
@@ -39,7 +41,7 @@ MIN_CELLS, MAX_CELLS = 8192, 65536
 
 def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
-                    gpu_layers: int = -1, exact_cache: bool = True) -> LlamaCppModel:
+                    gpu_layers: int = -1, exact_cache: bool = True, uniform_rows: bool = False) -> LlamaCppModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
@@ -52,7 +54,8 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
         cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
         max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
-        flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact))
+        flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact,
+        uniform_rows=uniform_rows))
     return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
                          quantization=read_quantization(engine), context_length=window, threads=threads,
                          backend_reason=reason, generation_eos=_generation_eos(path))

@@ -50,6 +50,7 @@ class ModelRunner:
         self.packing = self._enable_packing() if packing is not False else False
 
     backend = "torch"
+    step_rows = 1
 
     # ------------------------------------------------------------------ the engine seam (contract.py)
 
