@@ -32,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from llamacpp_server import Server, zllm_command  # noqa: E402  (bench/llamacpp_
 from session_script import Step, session_steps  # noqa: E402  (bench/session_script.py)
 
 from tests.support.daemon import free_port  # noqa: E402
+from tests.support.tiny_models import QWEN25_CHAT_TEMPLATE  # noqa: E402
 
 SIDES = ("zllm", "llama_server")
 LLAMA_SERVER_BEST = ["--jinja", "-np", "1", "--cache-reuse", "256", "--cache-ram", "8192", "--no-webui"]
@@ -65,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--claude", default=None, help="the claude CLI to record one with if none is recorded")
     parser.add_argument("--echo-tokens", type=int, default=512)
     parser.add_argument("--json", action="store_true", help="also one JSON line per request")
+    parser.add_argument("--llama-template", default="auto",
+                        help="llama-server's --chat-template-file: auto (ChatML with tools as zllm renders them when "
+                             "the model's own template ignores tools), model (the GGUF's own), or a file")
     args = parser.parse_args()
     if not args.llama_server.is_file():
         parser.error(f"no llama-server at {args.llama_server}: run bench/build_llama_tools.sh")
@@ -99,9 +104,41 @@ def servers(args, model_dir: Path, context: int, scratch: Path) -> dict[str, Ser
             "--context-length", str(context)] + (["--speculative"] if args.speculative else [])
     llama = [str(args.llama_server), "-m", str(model_dir / "model.gguf"), "-t", threads, "-tb", threads,
              "-c", str(context), "--port", str(llama_port), *LLAMA_SERVER_BEST] + (
-                 ["--spec-default"] if args.speculative else [])
+                 ["--spec-default"] if args.speculative else []) + llama_template(args.llama_template, model_dir,
+                                                                                 scratch) + llama_window(model_dir, context)
     return {"zllm": Server("zllm", zllm, zllm_port, zllm_env, scratch),
             "llama_server": Server("llama_server", llama, llama_port, dict(os.environ), scratch)}
+
+
+def llama_window(model_dir: Path, context: int) -> list[str]:
+    """llama-server caps its slot at the model's training window ("the slot context exceeds the training context of
+    the model - capping"); zllm's --context-length does not. A longer window than the model's is given to both by
+    overriding the GGUF's context_length key (read only for that cap and the warning)."""
+    manifest = json.loads((model_dir / "zllm-manifest.json").read_text())
+    arch = (manifest.get("origin") or {}).get("gguf_architecture")
+    if not arch or context <= int(manifest.get("context_length") or 0):
+        return []
+    return ["--override-kv", f"{arch}.context_length=int:{context}"]
+
+
+def llama_template(choice: str, model_dir: Path, scratch: Path) -> list[str]:
+    """llama-server's template flags. A template that ignores `tools` (SmolLM2's) would show llama-server's model a
+    prompt without the 13 tool schemas that zllm's hermes dialect writes into the system turn (about half the
+    tokens): "auto" then gives llama-server Qwen2.5's ChatML template, which renders tools, tool calls and tool
+    results the way zllm does (zllm/dialects/hermes/render.py), with the model's own default system prompt."""
+    if choice == "model":
+        return []
+    if choice != "auto":
+        return ["--chat-template-file", str(Path(choice).resolve())]
+    own = (model_dir / "chat_template.jinja").read_text() if (model_dir / "chat_template.jinja").is_file() else ""
+    if "tools" in own:
+        return []
+    default = re.search(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", own, re.S)
+    qwen_default = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    template = QWEN25_CHAT_TEMPLATE.replace(qwen_default, default.group(1) if default else qwen_default)
+    path = scratch / "chatml_tools.jinja"
+    path.write_text(template)
+    return ["--chat-template-file", str(path)]
 
 
 @dataclass
