@@ -12,6 +12,8 @@ the daemon's loader, --context 32768 so the pool is the daemon's 64K cells):
     per K     a fresh context; K copies of that state imported (each on cells of its own, like K cached
               conversations), then the decoding sequence's copy on top; --new-tokens greedy single-token steps:
               decode tok/s
+    side      (--side-tokens N) before the decoder is imported: the prefill of a new N-token prompt beside the K
+              kept sequences (a side request beside a cached conversation)
     dead      (exact mode) K=max copies imported then released: exact mode keeps released cells as dead cells
               (no hole below a used one) until the pool fills, so they stay inside n_kv too
 
@@ -48,6 +50,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=32768, help="the daemon's --context-length (pool: 2x, <=64K)")
     parser.add_argument("--modes", default="exact,fast")
     parser.add_argument("--no-dead", action="store_true", help="skip the released (dead cells) case")
+    parser.add_argument("--side-tokens", type=int, default=0,
+                        help="also the prefill of a new prompt this long beside the K kept ones (a side request)")
     return parser.parse_args()
 
 
@@ -63,6 +67,11 @@ def prefill(engine, prompt: list[int], chunk: int = 512) -> tuple[object, float]
         logits = engine.step([Row(seq, prompt[start:start + chunk])])[0]
     seq.first_token = int(np.argmax(logits))
     return seq, time.perf_counter() - started
+
+
+def side_prompt(prompt: list[int], tokens: int) -> list[int]:
+    """A prompt sharing nothing with the kept ones: their tokens reversed."""
+    return prompt[::-1][:tokens]
 
 
 def decode_rate(engine, seq, first_token: int, new_tokens: int) -> float:
@@ -96,6 +105,12 @@ def run_mode(args, model_dir: Path, prompt: list[int], mode: str) -> None:
     for others, dead in cases:
         engine = load(model_dir, args.threads, args.context, exact)
         kept = [engine.import_state(bytearray(state), len(prompt)) for _ in range(others)]
+        if args.side_tokens and not dead:
+            side, seconds = prefill(engine, side_prompt(prompt, args.side_tokens))
+            print(json.dumps({**facts, "figure": "side_prefill_tok_s", "others": others, "side_tokens":
+                              args.side_tokens, "value": round(args.side_tokens / seconds, 1),
+                              "seconds": round(seconds, 2)}), flush=True)
+            engine.release(side)
         if dead:
             for other in kept:
                 engine.release(other)
