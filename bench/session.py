@@ -27,7 +27,8 @@ renders them as zllm's hermes dialect does; the prompt tokens then agree within 
 model's training one, --override-kv ARCH.context_length (llama-server caps its slot at the training window).
 
 --model: a model in a zllm store (DATA_DIR/models/NAME or its model.gguf; default: the default model's F16 copy the
-end-to-end tests pull, ~/.cache/zllm-tests/e2e-data/models/smollm2, an 8K window: use --prompt-scale 0.25 with it).
+end-to-end tests pull, ~/.cache/zllm-tests/e2e-data/models/smollm2, an 8K window: use --prompt-scale 0.25 with it,
+or stretch it: --context 32768).
 --prompt-scale shortens the recorded prompt (texts and tools) and the tool results for a quick run.
 """
 
@@ -108,9 +109,9 @@ def servers(args, model_dir: Path, context: int, scratch: Path) -> dict[str, Ser
     zllm = [*zllm_command(), "serve", "--model", model_dir.name, "--threads", threads, "--port", str(zllm_port),
             "--context-length", str(context)] + (["--speculative"] if args.speculative else [])
     llama = [str(args.llama_server), "-m", str(model_dir / "model.gguf"), "-t", threads, "-tb", threads,
-             "-c", str(context), "--port", str(llama_port), *LLAMA_SERVER_BEST] + (
-                 ["--spec-default"] if args.speculative else []) + llama_template(args.llama_template, model_dir,
-                                                                                 scratch) + llama_window(model_dir, context)
+             "-c", str(context), "--port", str(llama_port), *LLAMA_SERVER_BEST,
+             *llama_template(args.llama_template, model_dir, scratch), *llama_window(model_dir, context)] + (
+                 ["--spec-default"] if args.speculative else [])
     return {"zllm": Server("zllm", zllm, zllm_port, zllm_env, scratch),
             "llama_server": Server("llama_server", llama, llama_port, dict(os.environ), scratch)}
 
