@@ -16,6 +16,12 @@
 # llama_print_system_info() on this machine reports AVX512/AVX512_VNNI/
 # AVX512_BF16/AVX_VNNI, OPENMP=1, LLAMAFILE=1, REPACK=1.  We pass the same:
 # GGML_NATIVE=ON, OpenMP on (default), Release, shared libs.
+#
+# SERVER_ONLY=1 bench/build_llama_tools.sh [OUT_DIR]: llama-server alone, linked against the libllama / libggml
+# that llama-cpp-python installed (LLAMA_PREBUILT_LIB_DIR, default the venv's llama_cpp/lib), so llama.cpp and
+# ggml are not compiled again: minutes instead of hours on a 2-core machine, and the server runs the very
+# kernels zllm runs. bench/llama_server_prebuilt.patch teaches llama.cpp's CMake that option (the libraries as
+# imported targets, no src/ or other tools). Result: OUT_DIR/bin/llama-server (no llama-bench).
 set -euo pipefail
 
 OUT=${1:-/tmp/llama-tools}
@@ -32,6 +38,21 @@ fi
 SRC="$OUT/src/llama_cpp_python-$VERSION"
 [ -d "$SRC/vendor/llama.cpp" ] || tar -xzf "$SDIST" -C "$OUT/src"
 LLAMA="$SRC/vendor/llama.cpp"
+
+if [ "${SERVER_ONLY:-0}" = 1 ]; then
+  LIBS=${LLAMA_PREBUILT_LIB_DIR:-$("$HERE/.venv/bin/python" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')}
+  if ! grep -q LLAMA_PREBUILT_LIB_DIR "$LLAMA/CMakeLists.txt"; then
+    patch -d "$LLAMA" -p1 < "$HERE/bench/llama_server_prebuilt.patch"
+  fi
+  cmake -S "$LLAMA" -B "$OUT/build-server" -DLLAMA_PREBUILT_LIB_DIR="$LIBS" \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$OUT/build-server" --target llama-server -j"$JOBS"
+  mkdir -p "$OUT/bin"
+  ln -sf "$OUT/build-server/bin/llama-server" "$OUT/bin/llama-server"
+  "$OUT/bin/llama-server" --version
+  echo "built: $OUT/bin/llama-server (linked against $LIBS)"
+  exit 0
+fi
 
 cmake -S "$LLAMA" -B "$OUT/build" \
   -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DGGML_OPENMP=ON \

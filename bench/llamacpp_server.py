@@ -63,7 +63,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-server", type=Path, default=Path("/tmp/llama-tools/bin/llama-server"))
     parser.add_argument("--thread-counts", default="2")
     parser.add_argument("--tokens", type=int, default=3000, help="turn-1 prompt size")
-    parser.add_argument("--context", type=int, default=8192, help="llama-server's -c (zllm: the model's window)")
+    parser.add_argument("--context", type=int, default=8192,
+                        help="both servers' window (llama-server -c; zllm --context-length)")
+    parser.add_argument("--steps", default="cold,turn2,restart",
+                        help="cold alone measures a cold prefill of --tokens tokens on both (no restart)")
     args = parser.parse_args()
     if not args.llama_server.is_file():
         parser.error(f"no llama-server at {args.llama_server}: run bench/build_llama_tools.sh")
@@ -149,11 +152,24 @@ def servers_for(args, model_dir: Path, threads: int, scratch: Path) -> dict[str,
     gguf = (model_dir / GGUF_FILE).resolve()
     return {
         "zllm": Server("zllm", [*zllm_command(), "serve", "--model", model_dir.name, "--threads",
-                                str(threads), "--port", str(zllm_port)], zllm_port, zllm_env, scratch),
+                                str(threads), "--port", str(zllm_port), "--context-length", str(args.context)],
+                       zllm_port, zllm_env, scratch),
         "llama_server": Server("llama_server", [str(args.llama_server), "-m", str(gguf), "-t", str(threads), "-tb",
                                                 str(threads), "-c", str(args.context), "--port", str(llama_port),
-                                                "--jinja", "--no-webui"], llama_port, dict(os.environ), scratch),
+                                                "--jinja", "--no-webui", *llama_window(model_dir, args.context)],
+                               llama_port, dict(os.environ), scratch),
     }
+
+
+def llama_window(model_dir: Path, context: int) -> list[str]:
+    """llama-server caps its slot at the model's training window ("the slot context exceeds the training context of
+    the model - capping"); zllm's --context-length does not. A longer window than the model's is given to both by
+    overriding the GGUF's context_length key (read only for that cap and the warning)."""
+    manifest = json.loads((model_dir / "zllm-manifest.json").read_text())
+    arch = (manifest.get("origin") or {}).get("gguf_architecture")
+    if not arch or context <= int(manifest.get("context_length") or 0):
+        return []
+    return ["--override-kv", f"{arch}.context_length=int:{context}"]
 
 
 def zllm_command() -> list[str]:
@@ -185,17 +201,23 @@ def main() -> None:
                 server.start()
                 server.chat(warm, model_dir.name)
             for step, messages in (("cold", turn1), ("turn2", turn2)):
+                if step not in args.steps:
+                    results.pop(step)
+                    continue
                 for name, server in servers.items():
                     seconds, reply = server.chat(messages, model_dir.name)
                     results[step][name] = (seconds, with_trace(server, reply) if name == "zllm" else reply)
-            for server in servers.values():
-                server.stop()
-            for server in servers.values():
-                server.start()
-                server.chat(warm, model_dir.name)
-            for name, server in servers.items():
-                seconds, reply = server.chat(turn2, model_dir.name)
-                results["restart"][name] = (seconds, with_trace(server, reply) if name == "zllm" else reply)
+            if "restart" in args.steps:
+                for server in servers.values():
+                    server.stop()
+                for server in servers.values():
+                    server.start()
+                    server.chat(warm, model_dir.name)
+                for name, server in servers.items():
+                    seconds, reply = server.chat(turn2, model_dir.name)
+                    results["restart"][name] = (seconds, with_trace(server, reply) if name == "zllm" else reply)
+            else:
+                results.pop("restart")
             for step, sides in results.items():
                 emit({"step": step, **{name: round(seconds, 3) for name, (seconds, _) in sides.items()},
                       "ratio": round(sides["zllm"][0] / sides["llama_server"][0], 3),
