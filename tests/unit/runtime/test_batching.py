@@ -324,13 +324,13 @@ def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
         filler = chat(f"filler{i}", "ok", max_tokens=2, namespace="filler", system=f"{i} {LONG_SYSTEM[:3500]}")
         run_alone(client, filler)
         settle(client)
-        if "x1" not in client.prefix_cache.device_tier.entries:
+        if "x1" not in client.prefix_cache.graph.entries:
             break
-    assert "x1" not in client.prefix_cache.device_tier.entries, "x1 was never evicted"
+    assert "x1" not in client.prefix_cache.graph.entries, "x1 was never evicted"
     y1 = chat("y1", "Write a sorting function.", max_tokens=8, namespace="y")
     text_y1 = run_alone(client, y1).text
     settle(client)
-    assert "y1" in client.prefix_cache.device_tier.entries
+    assert "y1" in client.prefix_cache.graph.entries
 
     x2 = dataclasses.replace(x1, id="x2", messages=(*x1.messages, Message("assistant", text_x1),
                                                      Message("user", "Start with the lexer.")))
