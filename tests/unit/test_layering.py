@@ -123,7 +123,7 @@ def test_an_engine_library_is_imported_only_by_its_backend(library: str) -> None
 
 
 @pytest.mark.parametrize("module", sorted(LIBRARY_FREE))
-def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -> None:
+def test_the_seam_and_the_cache_import_no_engine_library(module: str) -> None:
     bad = [name for name in imported_names(ROOT / module) if violates(name, LIBRARY_FREE[module])]
     assert not bad, f"zllm/{module} imports {bad}"
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zllm.kvcache.token_prefix import common_prefix_length
+from zllm.token_prefix import common_prefix_length
 
 MAX_ENTRIES = 4096  # zero-byte duplicates (identical retries) must not accumulate without bound
 
@@ -74,7 +74,7 @@ class Entry:
     created: float = field(default_factory=time.time)  # wall clock, for listings and prune by age
     last_used: float = field(default_factory=time.monotonic)
     hits: int = 0
-    users: int = 0  # running requests sharing from it (evicted last)
+    users: int = 0  # acquires about to share from it (evicted last)
 
     def __post_init__(self) -> None:
         assert self.round >= 1 and 0 <= self.prompt_length <= self.length

@@ -14,8 +14,8 @@ recomputing; else cold. A hit never covers the whole prompt: the last prompt tok
 its logits are what the first output token is sampled from.
 
 Budget, in bytes: kept entries (each shared span once) plus what running sequences hold (`pool_bytes`). Evict
-first, then admit; least recently used first, except each namespace's main conversation (retention.py); an entry a
-running request shares from goes last.
+first, then admit; least recently used first, except each namespace's main conversation (retention.py); the entry
+an acquire is about to share from goes last.
 
 Thread safety: `acquire`/`finish`/`release`/`complete_ssd` run on the engine thread; `stats`, `entries`, `prune`
 and `near_misses` from any thread (one lock guards the graph).
@@ -90,8 +90,8 @@ class PrefixCache(CacheTiers):
             raise
         with self._lock:
             self._count_acquired(len(prompt), lease)
-            if lease.tier.on_device:
-                self.graph.touch(lease.lineage or lease.source)
+            if lease.tier.on_device and lease.lineage is not None:  # a reuse of the conversation it continues
+                self.graph.touch(lease.lineage)  # (not of an entry it shares a few header tokens with)
         return lease
 
     def read_ssd(self, lease: Lease) -> Any:
@@ -240,8 +240,10 @@ class PrefixCache(CacheTiers):
 
     def _open(self, namespace: str, prompt: tuple[int, ...], hint: str | None, found: Lookup, length: int,
               room: int) -> Lease:
-        """A lease on a running sequence with room for `room` tokens: evict first (the entry shared from last),
-        then share the found prefix into it (or open an empty one). Caller holds the lock."""
+        """A lease on a running sequence with room for `room` tokens: evict first (the entry to share from last),
+        then share the found prefix into it (or open an empty one). Once shared, the running sequence holds the prefix
+        on its own (torch copied it; llama.cpp's cells stay while any sequence holds them): nothing pins the entry.
+        Caller holds the lock."""
         source = found.source if length > 0 else None
         if source is not None:
             source.users += 1
@@ -253,8 +255,6 @@ class PrefixCache(CacheTiers):
         if source is not None and source.id not in self.graph.entries:
             source, length = None, 0  # the budget took it: cold
         running = self.kv.share(source.kv, length, room) if source is not None else self.kv.open(room)
-        if source is not None:
-            source.users += 1
         lineage = found.best.entry if found.best is not None and found.best.continues else None
         tier = Tier.hit(Tier.DEVICE, found.hint_verified) if length else Tier.COLD
         return Lease(namespace, prompt, length, tier, kv=running, source=source, lineage=lineage,
@@ -333,7 +333,7 @@ class PrefixCache(CacheTiers):
     def _make_room(self, need: int, newcomer: Newcomer | None = None) -> None:
         """Evict entries until the kept entries, the running pool and `need` more bytes fit the budget (and the
         backend has a spare sequence): least recently used first, except each namespace's main conversation
-        (retention.py); an entry a running request shares from goes last. Caller holds the lock."""
+        (retention.py); an entry being shared from (`users`) goes last. Caller holds the lock."""
         kv, entries = self.kv, self.graph.entries
         while entries and (kv.held_bytes() + kv.pool_bytes() + need > self.budget_bytes or kv.short_of_sequences()):
             candidates = [e for e in entries.values() if e.users == 0] or list(entries.values())
@@ -348,6 +348,4 @@ class PrefixCache(CacheTiers):
         self.kv.drop(entry.kv)
 
     def _end(self, lease: Lease, buffers: Any, *, kept: bool) -> None:
-        if lease.source is not None:
-            lease.source.users -= 1
         self.kv.release(lease.kv, buffers, kept=kept)

@@ -58,12 +58,12 @@ def test_rounds_bound_a_conversation_and_free_its_dead_tails() -> None:
     assert cache.kv.held_bytes() == span_bytes(cache)
 
 
-def test_budget_evicts_least_recently_used_first_and_an_entry_in_use_last() -> None:
+def test_budget_evicts_least_recently_used_first_and_an_entry_about_to_be_shared_last() -> None:
     cache = torch_cache(250 * BPT)
     a, b, c = (random_tokens(100, random.Random(i)) for i in range(3))
     keep(cache, a, "a")
     keep(cache, b, "b")
-    cache.graph.entries["a"].users += 1  # a running request shares from a (a is the least recently used)
+    cache.graph.entries["a"].users += 1  # an acquire is about to share from a (a is the least recently used)
     keep(cache, c, "c")  # needs room: b is the LRU entry no request uses
     assert set(cache.graph.entries) == {"a", "c"}
     assert cache.kv.held_bytes() <= cache.budget_bytes
@@ -107,3 +107,15 @@ def test_random_operations_keep_every_invariant() -> None:
     for entry in list(graph.entries.values()):
         graph.drop(entry)
     assert cache.kv.held_bytes() == 0 and not cache.kv.trees and not graph.roots  # everything comes back
+
+
+def test_the_entry_shared_from_covers_the_whole_match_whatever_was_used_last() -> None:
+    cache = torch_cache()
+    prefix = random_tokens(100)
+    one = prefix + random_tokens(50, random.Random(1))
+    two = prefix + random_tokens(50, random.Random(2))
+    keep(cache, one, "one")
+    keep(cache, two, "two")  # newer, and shares only the prefix with a continuation of one
+    found = cache.graph.lookup(NS, one + (7,))
+    assert (found.length, found.source.id) == (150, "one")
+    assert cache.graph.lookup(NS, prefix + (7,)).source.id == "two"  # the prefix alone: the newest through it

@@ -20,7 +20,6 @@ from zllm.engine.torch.cache.ssd_format import (
     chunk_tokens_for,
 )
 from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
-from zllm.kvcache import CacheConfig
 
 TOKENS = random_tokens(200)
 

@@ -71,7 +71,8 @@ def test_terminal_state_is_prompt_plus_output_except_the_last_token(make_client,
     prompt = client.renderer.render(request).token_ids
     _, finished = ask(client, request)
     settle(client)
-    sequence = client.prefix_cache.graph.entries["r1"].tokens
+    entry = client.prefix_cache.graph.entries["r1"]
+    sequence = entry.tokens
     ids = torch.tensor([list(prompt)])
     with torch.inference_mode():
         output = tiny_qwen.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
@@ -80,7 +81,7 @@ def test_terminal_state_is_prompt_plus_output_except_the_last_token(make_client,
         runner = ModelRunner(tiny_qwen.model)
         reference = runner.new_cache()
         runner.prefill(sequence, reference)
-    kept = [torch.cat([node.kv[i][j] for node in entry.node.path()], dim=-2) for i in range(2) for j in range(2)]
+    kept = [torch.cat([node.kv[i][j] for node in entry.kv.node.path()], dim=-2) for i in range(2) for j in range(2)]
     want = [t for layer in reference.layers for t in (layer.keys, layer.values)]
     assert max((k - w).abs().max().item() for k, w in zip(kept, want)) < 1e-4
     assert finished.usage.cached_tokens == 0 and entry.prompt_length == len(prompt)
