@@ -1,7 +1,7 @@
 """What the prefix cache tells the outside: its tiers, its stats and its entries, as typed values.
 
-Both caches (kvcache/prefix_cache.py for torch tensors, kvcache/sequence_cache.py for llama.cpp sequences)
-produce these; the control socket turns them into JSON in one place (`to_json`) and the CLI reads them back in
+The prefix cache (kvcache/prefix_cache.py, over torch tensors or llama.cpp sequences) produces these;
+the control socket turns them into JSON in one place (`to_json`) and the CLI reads them back in
 one place (`from_json`), so a renamed field fails where it is built instead of silently reading 0 on the far
 side of the socket.
 

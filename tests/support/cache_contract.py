@@ -1,5 +1,5 @@
-"""One harness, both prefix caches: the tiny qwen3 served on torch (PrefixCache over a ModelRunner) and on
-llama.cpp (SequencePrefixCache over a LlamaCppEngine), driven only through the two seams the runtime uses —
+"""One harness, one prefix cache on both backends: the tiny qwen3 served on torch (PrefixCache over TorchKV and a
+ModelRunner) and on llama.cpp (PrefixCache over LlamaKV and a LlamaCppEngine), driven only through the two seams the runtime uses —
 the cache's (zllm/kvcache/contract.py) and the engine's (zllm/engine/contract.py) — in the engine loop's order.
 
     @pytest.fixture(scope="module", params=BACKENDS)
@@ -152,5 +152,4 @@ def contract_backend(name: str, context_length: int = 4096):
 
 
 def _bytes_per_token(cache) -> int:
-    layout = getattr(cache, "layout", None)  # torch's KVLayout; llama.cpp's cache counts tokens of its pool
-    return layout.bytes_per_token if layout is not None else cache.bytes_per_token
+    return cache.kv.bytes_per_token

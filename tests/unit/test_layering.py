@@ -121,8 +121,10 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
 ENGINE_LIBRARIES = {"llama_cpp": "engine/llamacpp"}
 LIBRARY_FREE = {"engine/contract.py": {"torch", "transformers", "llama_cpp"},
                 "engine/select.py": {"llama_cpp"},
-                # the cache over engine-held sequences handles opaque state bytes, never tensors
-                "kvcache/sequence_cache.py": {"torch", "llama_cpp"},
+                # the one prefix cache and its graph hold opaque KV handles, never tensors or engine sequences
+                "kvcache/prefix_cache.py": {"torch", "transformers", "llama_cpp"},
+                "kvcache/entry_graph.py": {"torch", "transformers", "llama_cpp"},
+                "kvcache/kv_interface.py": {"torch", "transformers", "llama_cpp"},
                 "kvcache/sequence_snapshots.py": {"torch", "llama_cpp"},
                 # the cache seam the runtime is typed against: both backends' caches fill it
                 "kvcache/contract.py": {"torch", "llama_cpp"}}
@@ -137,7 +139,7 @@ def test_an_engine_library_is_imported_only_by_its_backend(library: str) -> None
 
 
 @pytest.mark.parametrize("module", sorted(LIBRARY_FREE))
-def test_the_seam_and_the_sequence_cache_import_no_engine_library(module: str) -> None:
+def test_the_seam_and_the_cache_import_no_engine_library(module: str) -> None:
     bad = [name for name in imported_names(ROOT / module) if violates(name, LIBRARY_FREE[module])]
     assert not bad, f"zllm/{module} imports {bad}"
 

@@ -7,8 +7,8 @@
     engine.explain_near_miss(record)                  # one of its near misses explained (`zllm cache explain-miss`)
     engine.cache_diagnosis("msg_…")                   # (namespace, the diagnosis that response carried) | None
 
-Both prefix caches (engine/torch/cache/prefix_cache.py, kvcache/sequence_cache.py) are ServedCaches. Runtime-checkable:
-tests/unit/control/test_served_contract.py checks that the real client and both real caches satisfy these,
+The prefix cache (kvcache/prefix_cache.py, on either backend) is a ServedCache. Runtime-checkable:
+tests/unit/control/test_served_contract.py checks that the real client and the real cache on both backends satisfy these,
 so a rename on either side fails there instead of as an AttributeError on the control socket.
 """
 

@@ -24,7 +24,8 @@ from zllm.diagnosis.causes import Cause, Diagnosis
 from zllm.diagnosis.compare import tool_list_change
 from zllm.diagnosis.explain import Decode, diagnose_divergence, label_from_segment, scope, windows
 from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
-from zllm.diagnosis.segments import Label, shared_prefix_length
+from zllm.diagnosis.segments import Label
+from zllm.token_prefix import common_prefix_length
 
 
 def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *, compared_with: str,
@@ -39,7 +40,7 @@ def diagnose(previous: RequestFingerprint | None, current: RequestFingerprint, *
         return CacheDiagnosis("model", compared_with, missed_tokens=reusable, reusable_tokens=reusable,
                               segment="model", cause=other_model.cause.value, busters=current.busters,
                               detail=other_model.detail)
-    shared = shared_prefix_length(previous.prompt_ids, current.prompt_ids)
+    shared = common_prefix_length(previous.prompt_ids, current.prompt_ids)
     if shared >= min(reusable, len(current.prompt_ids)):
         return CacheDiagnosis(None, compared_with, reusable_tokens=reusable, busters=current.busters)
     reason, segment, known = _structural(previous, current)

@@ -40,8 +40,8 @@ from zllm.diagnosis.segments import (
     TOOLS,
     Label,
     map_segments,
-    shared_prefix_length,
 )
+from zllm.token_prefix import common_prefix_length
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -88,7 +88,7 @@ def explain_between(a: ChatRequest, b: ChatRequest, renderer, *, renderer_b=None
     """Why `b` would miss a cache holding `a`'s prompt. `renderer_b`: B's renderer when the template changed."""
     renderer_b = renderer_b or renderer
     ids_a, ids_b = renderer.render(a).token_ids, renderer_b.render(b).token_ids
-    d = shared_prefix_length(ids_a, ids_b)
+    d = common_prefix_length(ids_a, ids_b)
     out_of_scope = scope(a.model, b.model, namespace_a, namespace_b)
     counts = {"cached_tokens": len(ids_a), "request_tokens": len(ids_b), "namespace": namespace_b}
     if d == min(len(ids_a), len(ids_b)):  # one is a prefix of the other: a hit, unless scope forbids it

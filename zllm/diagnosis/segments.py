@@ -55,12 +55,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from zllm.canonical import ChatRequest, FunctionTool, Message, ToolChoice
 from zllm.diagnosis.busters import drop_billing_headers
+from zllm.token_prefix import common_prefix_length
 
 SYSTEM_BLOCK = "system block"
 TOOLS = "tools"
@@ -142,7 +143,7 @@ class PromptLayout:
             except Exception:  # e.g. a template that insists on a final user turn
                 self._ends[k] = None
             else:
-                self._ends[k] = _shared_text(self.full, text)
+                self._ends[k] = common_prefix_length(self.full, text)
         return self._ends[k]
 
     def refused(self, k: int) -> bool:
@@ -155,8 +156,8 @@ class PromptLayout:
             without = self.renderer.template_text(self.request, self.kept, tools=False)
         except Exception:
             return 0, 0
-        start = _shared_text(self.full, without)
-        return start, len(self.full) - _shared_text(self.full[start:][::-1], without[start:][::-1])
+        start = common_prefix_length(self.full, without)
+        return start, len(self.full) - common_prefix_length(self.full[start:][::-1], without[start:][::-1])
 
     def messages_label(self, first: int, stop: int) -> Label:
         """The label of the kept messages [first, stop): one message, or a range the template would not split."""
@@ -233,16 +234,6 @@ def tool_name(index: int, tool: FunctionTool) -> str:
     return f"tool {index} ({tool.name})"
 
 
-def shared_prefix_length(a: Sequence, b: Sequence) -> int:
-    """How many leading items `a` and `b` share (token ids; any two sequences, of any two types)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _message_label_at(layout: PromptLayout, at: int) -> Label:
     """The message (or range, or generation prompt) character `at` falls in: a binary search over k."""
     n = len(layout.kept)
@@ -298,7 +289,7 @@ def _tool_layer(layout: PromptLayout) -> list[tuple[int, int, Label]]:
         return [(lo, hi, Label("tool", tool_name(0, tools[0]), 0))]
     bounds = [lo]
     for text in prefixes:  # tool j starts where `tools[:j]` stops agreeing with the full prompt
-        bounds.append(min(max(bounds[-1], _shared_text(full, text)), hi))
+        bounds.append(min(max(bounds[-1], common_prefix_length(full, text)), hi))
     # the first schema is as long as what dropping it removes; so is the last
     bounds[0] = min(max(lo, bounds[1] - (len(full) - len(without_first))), bounds[1])
     bounds.append(min(max(bounds[-1], bounds[-1] + len(full) - len(prefixes[-1])), hi))
@@ -320,14 +311,3 @@ def _runs(labels: list[Label], total: int) -> SegmentMap:
     return SegmentMap(tuple(segments), total)
 
 
-def _shared_text(a: str, b: str) -> int:
-    """`shared_prefix_length` for two strings, as a binary search over C-level slice compares: prompts run to
-    100K+ characters and the map compares one per message."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

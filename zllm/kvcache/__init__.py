@@ -1,8 +1,8 @@
-"""The prefix cache's backend-neutral parts: its settings, KV identities, near misses, retention, the SSD index,
-recovery and writer thread, and `sequence_cache.SequencePrefixCache` (llama.cpp's sequences).
+"""The one prefix cache (prefix_cache.py) over a per-backend KV interface (kv_interface.py), its entry graph, settings,
+KV identities, retention, the SSD index, recovery and writer thread, and llama.cpp's state snapshot store.
 
-Imports nothing above it (no runtime, api, engine, prompt) and no engine library. The torch backend's cache over
-per-layer tensors (radix tree, pooled buffers, tensor snapshots) lives in engine/torch/cache/.
+Imports nothing above it (no runtime, api, engine, prompt) and no engine library. Each backend's KV (torch: pooled
+buffers over a span tree of tensors, tensor snapshots; llama.cpp: its sequences) lives in its engine package.
 """
 
 from zllm.diagnosis.near_miss import NearMiss

@@ -1,9 +1,8 @@
 """The cache seam: what the runtime asks of a prefix cache and of the leases it hands out, and nothing more.
 
-Two caches fill it — `prefix_cache.PrefixCache` (the torch backend's: spans of tensors in a radix tree, copied
-into pooled working buffers) and `sequence_cache.SequencePrefixCache` (llama.cpp's: entries are sequences in
-the engine's own KV pool, shared without a copy) — so the engine loop is typed against this, never against
-either class. The engine loop's use, in order (runtime/engine_loop.py):
+One cache fills it — `prefix_cache.PrefixCache`, over each backend's KV interface (kv_interface.py: torch's pooled
+working buffers over a span tree of tensors, llama.cpp's own sequences) — and the engine loop is typed against
+this, never against the class. The engine loop's use, in order (runtime/engine_loop.py):
 
     need = cache.admission_need(prompt_tokens, max_new_tokens)   # in the unit admission_room() answers in
     lease = cache.acquire(namespace, prompt, hint=..., max_new_tokens=..., describe_position=...,
@@ -19,10 +18,10 @@ either class. The engine loop's use, in order (runtime/engine_loop.py):
 
 A lease's `cached_tokens` never covers the whole prompt (the last prompt token is always prefilled: its logits
 are what the first output token is sampled from). The any-thread surface (stats, entries, prune, near_misses)
-is control/served.py's `ServedCache`, which both caches also satisfy.
+is control/served.py's `ServedCache`, which the cache also satisfies.
 
-tests/unit/kvcache/test_cache_contract.py checks that both caches and both leases have this shape (names,
-parameters, defaults) and runs one behavioural suite over both backends.
+tests/unit/kvcache/test_cache_contract.py checks that the cache and its lease have this shape (names, parameters,
+defaults) and runs one behavioural suite over both backends.
 """
 
 from __future__ import annotations

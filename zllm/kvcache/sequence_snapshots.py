@@ -43,7 +43,7 @@ from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import set_aside
 from zllm.kvcache.soundness import RowCheck, recover
 from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
-from zllm.kvcache.token_prefix import common_prefix_length
+from zllm.token_prefix import common_prefix_length
 from zllm.private_files import private_dir
 
 log = logging.getLogger("zllm.kvcache")

@@ -1,8 +1,6 @@
-"""`CacheTiers`: what both prefix caches hold around their device tier — the SSD store and its writer thread,
-the measured restore-vs-recompute estimate, the near-miss log and the counters — with the parts of their
-surface that do not depend on what a device entry is (prefix_cache.py: tensors; sequence_cache.py: engine
-sequences). `BaseLease`: what both caches' leases hold (contract.py's `CacheLease`), each adding the backend's
-own handle on the restored prefix (working buffers; an engine sequence)."""
+"""`CacheTiers`: what the prefix cache (prefix_cache.py) holds around its device tier — the SSD store and its writer
+thread, the measured restore-vs-recompute estimate, the near-miss log and the counters. `BaseLease`: what a lease
+holds of contract.py's `CacheLease` (prefix_cache.Lease adds the backend's running sequence, `kv`)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ import threading
 from array import array
 from dataclasses import dataclass
 
+from zllm.token_prefix import common_prefix_length  # noqa: F401 (its tests import it from here)
+
 KEEP = 8  # recent prompts remembered: a main conversation and the side requests between its turns
 
 
@@ -25,20 +27,6 @@ class _Encoded:
     ids: array  # int32: a 40K-token prompt in 160 KB, not the 1.4 MB of a list of ints
     cut_chars: list[int]  # where a special token starts in text (ascending) ...
     cut_ids: list[int]  # ... and its index in ids
-
-
-def common_prefix_length(a: str, b: str) -> int:
-    """Length of the longest common prefix (a binary search over slice comparisons, which run in C)."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while low < high:  # a[:low] == b[:low] holds; a[:high] != b[:high]
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 class PrefixReusingEncoder:

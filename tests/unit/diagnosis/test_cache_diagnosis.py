@@ -9,7 +9,7 @@ from zllm.canonical import ChatRequest, FunctionTool, Message
 from zllm.diagnosis.cache_diagnosis import diagnose
 from zllm.diagnosis.explain import explain_between
 from zllm.diagnosis.fingerprint import fingerprint_request
-from zllm.diagnosis.segments import shared_prefix_length
+from zllm.token_prefix import common_prefix_length
 
 SYSTEM = "You are a coding agent."
 BASH = FunctionTool("Bash", "Run a command.", {"type": "object", "properties": {"command": {"type": "string"}}})
@@ -40,7 +40,7 @@ def test_appending_is_no_miss(renderer) -> None:
 def test_missed_tokens_are_the_earlier_prompt_past_the_divergence(renderer) -> None:
     diagnosis, fa, fb = compare(renderer, request(USER), request(Message("user", "List the Python files."),
                                                                  *TURN[1:]))
-    shared = shared_prefix_length(fa.prompt_ids, fb.prompt_ids)
+    shared = common_prefix_length(fa.prompt_ids, fb.prompt_ids)
     assert (diagnosis.reason, diagnosis.segment) == ("messages", "message 1 (user)")
     assert (diagnosis.divergence, diagnosis.missed_tokens) == (shared, len(fa.prompt_ids) - shared)
     assert diagnosis.cause == "edited_history" and "Python" in diagnosis.request_after

@@ -47,3 +47,39 @@ def assert_state_equal(got: KVState, tokens, length: int | None = None) -> None:
 @pytest.fixture
 def layout() -> KVLayout:
     return LAYOUT
+
+
+def torch_cache(device_budget_bytes: int = 64 << 20, *, clock=None, decode=None, **config):
+    """The one prefix cache over the torch backend's KV (engine/torch/cache/kv.py) with the synthetic layout;
+    `clock`: the entry graph's (tests of recency)."""
+    from zllm.engine.torch.cache.kv import TorchKV
+    from zllm.kvcache import CacheConfig
+    from zllm.kvcache.entry_graph import EntryGraph
+    from zllm.kvcache.prefix_cache import PrefixCache
+
+    cache = PrefixCache(CacheConfig(device_budget_bytes=device_budget_bytes, **config), TorchKV(LAYOUT, "cpu"),
+                        cost_key="cost:test", decode=decode)
+    if clock is not None:
+        cache.graph = EntryGraph(cache.graph.rounds, cache._drop_kv, clock=clock)
+    return cache
+
+
+def keep(cache, tokens, entry_id: str, *, prompt_length=None, lineage=None, namespace: str = "ns"):
+    """What `finish` does with a request's terminal state (synthetic KV for `tokens`), without a running
+    sequence: evict to make room, then keep it. Returns the entry, or None when it was not kept."""
+    from zllm.cache_views import Tier
+    from zllm.kvcache.prefix_cache import Lease
+
+    tokens = tuple(tokens)
+    lease = Lease(namespace, tokens + (0,), 0, Tier.COLD, lineage=lineage,
+                  round=lineage.round + 1 if lineage is not None else 1)
+    with cache._lock:
+        return cache._keep(lease, tokens, synthetic_state(tokens), entry_id,
+                           len(tokens) if prompt_length is None else prompt_length, None)
+
+
+def span_bytes(cache) -> int:
+    """Real bytes of every tensor the torch KV's span trees hold."""
+    from zllm.engine.torch.cache.state import state_tensors, storage_bytes
+
+    return storage_bytes(t for tree in cache.kv.trees.values() for n in tree.nodes() for t in state_tensors(n.kv))

@@ -1,5 +1,5 @@
-"""One cache contract, both backends: the torch backend's PrefixCache and llama.cpp's SequencePrefixCache, each
-over the tiny qwen3 (random weights, the real Qwen tokenizer) and its real engine, through one fixture.
+"""One cache contract, both backends: the one PrefixCache (kvcache/prefix_cache.py) over the torch backend's KV
+(engine/torch/cache/kv.py) and llama.cpp's (engine/llamacpp/kv.py), each over the tiny qwen3 (random weights, the real Qwen tokenizer) and its real engine, through one fixture.
 
 What every prefix cache must do, observed only through the seams the runtime uses (kvcache/contract.py,
 engine/contract.py): a repeated prompt and the next turn hit the device tier; namespaces and hints hold; a
@@ -24,7 +24,7 @@ from tests.support.snapshot_damage import BLOB_DAMAGE, INDEX_DAMAGE, TORCH_ONLY,
 from zllm.control.served import ServedCache
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import CacheLease, KVPrefixCache
-from zllm.kvcache.sequence_cache import SequenceLease, SequencePrefixCache
+from zllm.kvcache.prefix_cache import Lease, PrefixCache
 from zllm.kvcache.tiers import BaseLease
 from zllm.runtime.detokenizer import raw_decoder
 
@@ -65,16 +65,8 @@ def signature_shape(function) -> list[tuple[str, object, bool]]:
     return [(p.name, p.kind, p.default is not p.empty) for p in parameters if p.name != "self"]
 
 
-def torch_cache_classes():
-    pytest.importorskip("torch")
-    from zllm.engine.torch.cache.prefix_cache import Lease, PrefixCache
-
-    return PrefixCache, Lease
-
-
-@pytest.mark.parametrize("which", ["torch", "llamacpp"])
-def test_both_caches_and_their_leases_have_the_seams_shape(which) -> None:
-    cache, lease = torch_cache_classes() if which == "torch" else (SequencePrefixCache, SequenceLease)
+def test_the_cache_and_its_lease_have_the_seams_shape() -> None:
+    cache, lease = PrefixCache, Lease
     assert shape_mismatches(KVPrefixCache, cache) == []
     assert shape_mismatches(ServedCache, cache) == []  # the control methods' view of it
     assert set(CacheLease.__annotations__) <= {f.name for f in fields(lease)}, "a lease field the runtime reads"
@@ -83,7 +75,7 @@ def test_both_caches_and_their_leases_have_the_seams_shape(which) -> None:
 
 
 def test_the_shape_check_catches_a_renamed_parameter_and_a_missing_method() -> None:
-    class Renamed(SequencePrefixCache):
+    class Renamed(PrefixCache):
         def finish(self, lease, tokens, state, *, entry_id, prompt_length, hint_key=None, buffers=None): ...
 
         admission_room = None

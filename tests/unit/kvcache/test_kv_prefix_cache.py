@@ -1,4 +1,4 @@
-"""PrefixCache (the torch backend's) without a model, where it differs from the llama.cpp cache: the radix tree's
+"""The prefix cache over torch's KV (engine/torch/cache/kv.py) without a model, where it differs from llama.cpp's: the span tree's
 bytes after random aborts, turns chained on the SSD tier, admission whatever the budget. What both caches must
 do (hits, hints, namespaces, eviction, restores, near misses, damage) is tests/unit/kvcache/test_cache_contract.py.
 
@@ -10,10 +10,9 @@ import random
 
 import pytest
 
-from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from tests.unit.kvcache.conftest import assert_state_equal, random_tokens, synthetic_state, torch_cache
 from zllm.engine.torch.cache.state import copy_into, slice_state, state_tensors, storage_bytes
-from zllm.kvcache import CacheConfig
+from zllm.kvcache.prefix_cache import PrefixCache
 
 BPT = 512
 
@@ -23,21 +22,21 @@ def make_cache(tmp_path=None, **config) -> PrefixCache:
     if tmp_path is not None:
         config.setdefault("ssd_dir", tmp_path / "kv")
         config.setdefault("ssd_min_tokens", 1)
-    return PrefixCache(CacheConfig(**config), LAYOUT, "cpu", decode=lambda ids: "|".join(map(str, ids)))
+    return torch_cache(decode=lambda ids: "|".join(map(str, ids)), **config)
 
 
 def serve(cache: PrefixCache, prompt, output=(), *, namespace="ns", rid="r", hint=None, held=None):
     """Run one request's cache lifecycle; `held` (tokens whose KV exists at the end) models an abort."""
     prompt, output = tuple(prompt), tuple(output)
     lease = cache.acquire(namespace, prompt, hint=hint, max_new_tokens=max(len(output), 1))
-    assert_state_equal(lease.working, prompt, lease.cached_tokens)  # the restored prefix is exact
+    assert_state_equal(lease.kv, prompt, lease.cached_tokens)  # the restored prefix is exact
     sequence = (prompt + output)[:-1] if output else prompt  # the last sampled token is never fed forward
     if held is not None:
         sequence = sequence[:held]
     new = sequence[lease.cached_tokens:]
     if new:
-        copy_into(lease.working, lease.cached_tokens, synthetic_state(new, lease.cached_tokens))
-    cache.finish(lease, sequence, slice_state(lease.working, 0, len(sequence)), entry_id=rid,
+        copy_into(lease.kv, lease.cached_tokens, synthetic_state(new, lease.cached_tokens))
+    cache.finish(lease, sequence, slice_state(lease.kv, 0, len(sequence)), entry_id=rid,
                  prompt_length=len(prompt))
     return lease
 
@@ -56,12 +55,12 @@ def test_random_aborts_leave_exactly_the_retained_entries_bytes() -> None:
         if not aborted:
             conversations[c] = prompt + output + random_tokens(rng.randrange(1, 20), rng)
         cache.check_integrity()
-    tier = cache.device_tier
-    retained = {id(n): n for e in tier.entries.values() for n in e.node.path()}
-    assert tier.bytes == sum(n.nbytes for n in retained.values())
-    assert tier.bytes == storage_bytes(t for n in retained.values() for t in state_tensors(n.kv))
-    assert all(n.locks == 0 for tree in tier.trees.values() for n in tree.nodes())
-    assert cache.pool.bytes == cache.pool.idle_bytes()  # one working set, idle; nothing leaked
+    held = cache.kv.held_bytes()
+    retained = {id(n): n for e in cache.graph.entries.values() for n in e.kv.node.path()}
+    assert held == sum(n.nbytes for n in retained.values())
+    assert held == storage_bytes(t for n in retained.values() for t in state_tensors(n.kv))
+    assert all(n.locks == 0 for tree in cache.kv.trees.values() for n in tree.nodes())
+    assert cache.kv.pool.bytes == cache.kv.pool.idle_bytes()  # one working set, idle; nothing leaked
 
 
 def test_ssd_tier_survives_a_restart_and_chains_turns(tmp_path) -> None:
@@ -92,5 +91,5 @@ def test_a_request_is_never_refused_for_lack_of_budget(budget_tokens, cached) ->
     prompt = random_tokens(1500)
     serve(cache, prompt, rid="a")
     assert serve(cache, prompt, rid="b").cached_tokens == cached
-    assert cache.device_tier.bytes + cache.pool.bytes <= max(budget_tokens * BPT, cache.pool.bytes)
+    assert cache.kv.held_bytes() + cache.kv.pool.bytes <= max(budget_tokens * BPT, cache.kv.pool.bytes)
     cache.check_integrity()

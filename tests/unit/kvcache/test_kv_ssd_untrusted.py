@@ -9,9 +9,9 @@ import struct
 import pytest
 from safetensors import safe_open
 
-from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
+from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state, torch_cache
 from zllm.engine.torch.cache.pool import BufferPool
-from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.kvcache.prefix_cache import PrefixCache
 from zllm.engine.torch.cache.ssd_format import (
     CHUNK_TOKENS,
     MAX_CHECKSUMS,
@@ -20,7 +20,6 @@ from zllm.engine.torch.cache.ssd_format import (
     chunk_tokens_for,
 )
 from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
-from zllm.kvcache import CacheConfig
 
 TOKENS = random_tokens(200)
 
@@ -33,7 +32,7 @@ def write_snapshot(directory) -> str:
 
 
 def open_cache(directory) -> PrefixCache:
-    return PrefixCache(CacheConfig(device_budget_bytes=1 << 24, ssd_dir=directory, ssd_min_tokens=1), LAYOUT, "cpu")
+    return torch_cache(1 << 24, ssd_dir=directory, ssd_min_tokens=1)
 
 
 def rewrite_header(path, edit) -> None:
@@ -79,7 +78,7 @@ def test_corrupt_blob_is_a_miss_and_quarantined(tmp_path, name) -> None:
     cache = open_cache(directory)  # the file's size matches the index: only reading the header can tell
     lease = cache.acquire("ns", TOKENS + (1,), max_new_tokens=1)
     assert (lease.cached_tokens, lease.tier) == (0, "cold")
-    assert cache.pool._staging is None  # validation failed before any buffer was sized from the file
+    assert cache.kv.pool._staging is None  # validation failed before any buffer was sized from the file
     cache.release(lease)
     assert cache.store.snapshots() == [] and [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] \
         == [blob.name.split(".")[0]]

@@ -6,11 +6,10 @@ here they are checked against the pool and the tier directly.
 
 import random
 
-from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
+from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state, torch_cache
 from zllm.engine.torch.cache.pool import CAPACITY_QUANTUM, BufferPool
-from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.kvcache.prefix_cache import PrefixCache
 from zllm.engine.torch.cache.state import copy_into, slice_state
-from zllm.kvcache import CacheConfig
 
 BPT = LAYOUT.bytes_per_token
 SET_BYTES = CAPACITY_QUANTUM * BPT  # one working set of the smallest capacity
@@ -44,14 +43,14 @@ def test_staging_is_not_a_working_set() -> None:
 
 
 def make_cache() -> PrefixCache:
-    return PrefixCache(CacheConfig(device_budget_bytes=64 << 20), LAYOUT, "cpu")
+    return torch_cache(64 << 20)
 
 
 def finish(cache: PrefixCache, prompt: tuple[int, ...], rid: str) -> None:
     lease = cache.acquire("ns", prompt)
     new = prompt[lease.cached_tokens:]
-    copy_into(lease.working, lease.cached_tokens, synthetic_state(new, lease.cached_tokens))
-    cache.finish(lease, prompt, slice_state(lease.working, 0, len(prompt)), entry_id=rid, prompt_length=len(prompt))
+    copy_into(lease.kv, lease.cached_tokens, synthetic_state(new, lease.cached_tokens))
+    cache.finish(lease, prompt, slice_state(lease.kv, 0, len(prompt)), entry_id=rid, prompt_length=len(prompt))
 
 
 def test_stats_report_working_sets_held_by_running_requests() -> None:
@@ -62,7 +61,7 @@ def test_stats_report_working_sets_held_by_running_requests() -> None:
     assert cache.stats().pool_in_use_bytes == 0
 
 
-def test_retained_bytes_are_the_entries_paths_and_exclude_what_only_a_lock_pins() -> None:
+def test_retained_bytes_are_the_entries_paths_and_a_running_request_pins_none() -> None:
     cache = make_cache()
     system = random_tokens(100)
     finish(cache, system + random_tokens(20, random.Random(1)), "a")
@@ -70,9 +69,10 @@ def test_retained_bytes_are_the_entries_paths_and_exclude_what_only_a_lock_pins(
     stats = cache.stats()
     assert stats.retained_bytes == stats.device_bytes == (100 + 20 + 30) * BPT
 
-    running = cache.acquire("ns", system + random_tokens(5, random.Random(3)))  # locks the shared span
-    cache.prune(older_than_s=0)  # drops every entry; the locked span must stay for the running request
+    running = cache.acquire("ns", system + random_tokens(5, random.Random(3)))  # copies the shared span
+    cache.prune(older_than_s=0)  # drops every entry: the running request holds its own copy
     stats = cache.stats()
-    assert (stats.entries, stats.retained_bytes, stats.device_bytes) == (0, 0, 100 * BPT)
+    assert (stats.entries, stats.retained_bytes, stats.device_bytes) == (0, 0, 0)
+    assert_state_equal(running.kv, running.prompt, running.cached_tokens)
     cache.release(running)
     assert cache.stats().device_bytes == 0

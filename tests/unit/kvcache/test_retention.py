@@ -1,12 +1,11 @@
 """The main-conversation rule (kvcache/retention.py): the rule itself, and the tiers that choose their victims by
-it — the torch device tier and both SSD tiers (the llama.cpp device tier: tests/unit/runtime/
+it — the one device tier (on torch's KV here) and both SSD tiers (on llama.cpp's KV: tests/unit/runtime/
 test_main_conversation_kept.py, on a real engine)."""
 
 import random
 
-from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
+from tests.unit.kvcache.conftest import LAYOUT, keep, random_tokens, torch_cache
 from tests.unit.kvcache.test_kv_ssd_store import job
-from zllm.engine.torch.cache.device_tier import DeviceTier
 from zllm.engine.torch.cache.ssd_tier import SnapshotStore
 from zllm.kvcache.retention import LIVE_S, Newcomer, main_conversations, next_eviction
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
@@ -54,24 +53,20 @@ def test_eviction_takes_side_states_first_and_says_what_it_spared() -> None:
     assert next_eviction([main], states, now=10, newcomer=next_turn).victim is main
 
 
-def test_the_torch_device_tier_keeps_the_main_conversation_and_refuses_a_side_state_that_needs_it() -> None:
-    clock = Clock()
-    tier = DeviceTier(600 * BPT, rounds=4, clock=clock)
+def test_the_device_tier_keeps_the_main_conversation_and_refuses_a_side_state_that_needs_it() -> None:
+    cache = torch_cache(600 * BPT, clock=Clock())
+    entries = cache.graph.entries
     main_tokens = random_tokens(400, random.Random(0))
-    tier.insert(NS, main_tokens, synthetic_state(main_tokens), entry_id="main", prompt_length=400)
-    tier.touch(tier.entries["main"])  # its next turn reused it: a continued conversation
+    keep(cache, main_tokens, "main")
+    cache.graph.touch(entries["main"])  # its next turn reused it: a continued conversation
     for i in range(5):
-        side = random_tokens(80, random.Random(i + 1))
-        new = tier.new_bytes(NS, side, synthetic_state(side))
-        tier.make_room(new, newcomer=Newcomer(NS, len(side), 1, clock()))
-        tier.insert(NS, side, synthetic_state(side), entry_id=f"side{i}", prompt_length=80)
-        assert "main" in tier.entries and tier.bytes <= tier.budget_bytes
-        tier.check_integrity()
-    assert set(tier.entries) == {"main", "side3", "side4"}  # the older side states made room
+        keep(cache, random_tokens(80, random.Random(i + 1)), f"side{i}")
+        assert "main" in entries and cache.kv.held_bytes() <= cache.budget_bytes
+        cache.check_integrity()
+    assert set(entries) == {"main", "side3", "side4"}  # the older side states made room
     big = random_tokens(300, random.Random(9))  # fits only in main's place: not kept
-    tier.make_room(tier.new_bytes(NS, big, synthetic_state(big)), newcomer=Newcomer(NS, 300, 1, clock()))
-    assert tier.insert(NS, big, synthetic_state(big), entry_id="big", prompt_length=300) is None
-    assert "main" in tier.entries
+    assert keep(cache, big, "big") is None
+    assert "main" in entries
 
 
 def test_the_torch_ssd_tier_evicts_side_snapshots_before_the_main_conversation(tmp_path) -> None:

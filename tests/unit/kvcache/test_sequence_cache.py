@@ -1,5 +1,5 @@
-"""`SequencePrefixCache` (the llama.cpp backend's) over a real engine (tiny random-weight GGUF), where it differs
-from the torch cache: its entries are the engine's sequences, given back when nothing keeps them. What both caches
+"""The prefix cache over llama.cpp's KV (engine/llamacpp/kv.py) and a real engine (tiny random-weight GGUF), where it
+differs from torch's: its entries are the engine's sequences, given back when nothing keeps them. What both caches
 must do (hits, restores ≡ full prefill, eviction, near misses, damage) is tests/unit/kvcache/test_cache_contract.py."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from zllm.cache_views import PruneCounts  # noqa: E402
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 from zllm.kvcache import CacheConfig  # noqa: E402
-from zllm.kvcache.sequence_cache import SequencePrefixCache  # noqa: E402
+from zllm.engine.llamacpp.kv import LlamaKV  # noqa: E402
+from zllm.kvcache.prefix_cache import PrefixCache  # noqa: E402
 
 TURN1 = [(i * 31) % 400 + 30 for i in range(100)]
 TURN2 = TURN1 + [(i * 17) % 300 + 40 for i in range(40)]
@@ -23,11 +24,11 @@ def new_engine(path, cells=2048) -> LlamaCppEngine:
     return LlamaCppEngine(str(path), ContextSettings(cells=cells, threads=1, max_sequences=16))
 
 
-def new_cache(engine, tmp_path=None, **config) -> SequencePrefixCache:
+def new_cache(engine, tmp_path=None, **config) -> PrefixCache:
     defaults = dict(device_budget_bytes=engine.kv_bytes, ssd_dir=tmp_path / "kv" if tmp_path else None,
                     ssd_min_tokens=16)
-    return SequencePrefixCache(CacheConfig(**{**defaults, **config}), engine, cells=engine.cells,
-                               bytes_per_token=engine.bytes_per_token, layout="tiny", spare_sequences=2)
+    return PrefixCache(CacheConfig(**{**defaults, **config}), LlamaKV(engine, layout="tiny", spare_sequences=2),
+                       cost_key="cost:seq:tiny", budget_bytes=engine.kv_bytes)
 
 
 def run(engine, cache, prompt, rid, generate=3):

@@ -320,17 +320,18 @@ def test_cold_device_hit_and_ssd_restore_run_together_and_answer_like_cold_runs(
     x1 = chat("x1", "Plan the refactor of the parser.", max_tokens=8, namespace="x", system=LONG_SYSTEM[:1500])
     text_x1 = run_alone(client, x1).text
     client.prefix_cache.flush()  # its snapshot is on disk before the device tier lets it go
-    for i in range(8):  # long unrelated requests until the device tier evicts x1
-        filler = chat(f"filler{i}", "ok", max_tokens=2, namespace="filler", system=f"{i} {LONG_SYSTEM[:3500]}")
+    for i in range(8):  # long unrelated requests until the device tier evicts x1 (each its namespace's main
+        # conversation, which may take another namespace's: in one namespace each would only replace the last)
+        filler = chat(f"filler{i}", "ok", max_tokens=2, namespace=f"filler{i}", system=f"{i} {LONG_SYSTEM[:3500]}")
         run_alone(client, filler)
         settle(client)
-        if "x1" not in client.prefix_cache.device_tier.entries:
+        if "x1" not in client.prefix_cache.graph.entries:
             break
-    assert "x1" not in client.prefix_cache.device_tier.entries, "x1 was never evicted"
+    assert "x1" not in client.prefix_cache.graph.entries, "x1 was never evicted"
     y1 = chat("y1", "Write a sorting function.", max_tokens=8, namespace="y")
     text_y1 = run_alone(client, y1).text
     settle(client)
-    assert "y1" in client.prefix_cache.device_tier.entries
+    assert "y1" in client.prefix_cache.graph.entries
 
     x2 = dataclasses.replace(x1, id="x2", messages=(*x1.messages, Message("assistant", text_x1),
                                                      Message("user", "Start with the lexer.")))
@@ -633,7 +634,7 @@ def test_an_aborted_row_leaves_at_the_next_step_and_the_others_are_unchanged(mak
     else:  # llama.cpp: the pool tokens it reserved (its prompt and decode growth) went back at once
         victim_tokens = len(client.renderer.render(victim).token_ids) + 200
         cache = client.prefix_cache
-        assert in_use["before"] - in_use["after"] == victim_tokens * cache.bytes_per_token
+        assert in_use["before"] - in_use["after"] == victim_tokens * cache.kv.bytes_per_token
     assert finished == [alone[request.id] for request in others]
     settle(client)
     assert client.prefix_cache.stats().pool_in_use_bytes == 0

@@ -71,8 +71,8 @@ def test_terminal_state_is_prompt_plus_output_except_the_last_token(make_client,
     prompt = client.renderer.render(request).token_ids
     _, finished = ask(client, request)
     settle(client)
-    entry = client.prefix_cache.device_tier.entries["r1"]
-    sequence = entry.node.sequence()
+    entry = client.prefix_cache.graph.entries["r1"]
+    sequence = entry.tokens
     ids = torch.tensor([list(prompt)])
     with torch.inference_mode():
         output = tiny_qwen.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
@@ -81,7 +81,7 @@ def test_terminal_state_is_prompt_plus_output_except_the_last_token(make_client,
         runner = ModelRunner(tiny_qwen.model)
         reference = runner.new_cache()
         runner.prefill(sequence, reference)
-    kept = [torch.cat([node.kv[i][j] for node in entry.node.path()], dim=-2) for i in range(2) for j in range(2)]
+    kept = [torch.cat([node.kv[i][j] for node in entry.kv.node.path()], dim=-2) for i in range(2) for j in range(2)]
     want = [t for layer in reference.layers for t in (layer.keys, layer.values)]
     assert max((k - w).abs().max().item() for k, w in zip(kept, want)) < 1e-4
     assert finished.usage.cached_tokens == 0 and entry.prompt_length == len(prompt)
@@ -107,7 +107,7 @@ def test_an_aborted_request_keeps_its_prefilled_prompt(make_client) -> None:
     prompt_tokens = len(client.renderer.render(request).token_ids)
     ask(client, request, abort_after=1)
     settle(client)
-    assert "a1" in client.prefix_cache.device_tier.entries
+    assert "a1" in client.prefix_cache.graph.entries
     _, finished = ask(client, dataclasses.replace(request, id="a2", sampling=SamplingParams(temperature=0, max_tokens=2)))
     assert finished.usage.cached_tokens == prompt_tokens - 1
 
@@ -126,11 +126,10 @@ def test_after_random_aborts_resident_bytes_are_what_retained_sessions_account_f
     settle(client)
     cache = client.prefix_cache
     cache.check_integrity()
-    tier = cache.device_tier
-    retained = {id(n): n for e in tier.entries.values() for n in e.node.path()}
-    assert tier.bytes == storage_bytes(t for n in retained.values() for t in state_tensors(n.kv))
-    assert sum(len(tree.nodes()) for tree in tier.trees.values()) == len(retained)  # nothing else is held
-    assert all(n.locks == 0 for n in retained.values()) and cache.pool.bytes == cache.pool.idle_bytes()
+    retained = {id(n): n for e in cache.graph.entries.values() for n in e.kv.node.path()}
+    assert cache.kv.held_bytes() == storage_bytes(t for n in retained.values() for t in state_tensors(n.kv))
+    assert sum(len(tree.nodes()) for tree in cache.kv.trees.values()) == len(retained)  # nothing else is held
+    assert all(n.locks == 0 for n in retained.values()) and cache.kv.pool.bytes == cache.kv.pool.idle_bytes()
 
 
 def test_two_branches_off_a_long_shared_prefix_cost_little_more_than_one(make_client) -> None:
@@ -138,11 +137,11 @@ def test_two_branches_off_a_long_shared_prefix_cost_little_more_than_one(make_cl
     system = " ".join(f"rule{i}: keep functions small." for i in range(220))  # ~1.5K tokens
     ask(client, chat([Message("system", system), Message("user", "branch one")], "b1", max_tokens=8))
     settle(client)  # the terminal state is kept just after the Finished event is sent
-    one = client.prefix_cache.device_tier.bytes
+    one = client.prefix_cache.kv.held_bytes()
     _, second = ask(client, chat([Message("system", system), Message("user", "branch two")], "b2", max_tokens=8))
     assert second.usage.cached_tokens > 1400
     settle(client)
-    assert client.prefix_cache.device_tier.bytes < 1.2 * one
+    assert client.prefix_cache.kv.held_bytes() < 1.2 * one
 
 
 def test_namespaces_never_share(make_client) -> None:
@@ -185,9 +184,9 @@ def test_a_failed_request_keeps_nothing_and_returns_its_buffers(make_client, mon
     settle(client)
     cache = client.prefix_cache
     assert finished.reason is FinishReason.ERROR and finished.usage.cached_tokens > 0  # it did restore "ok"
-    assert "bad" not in cache.device_tier.entries and "ok" in cache.device_tier.entries
-    assert cache.pool.bytes == cache.pool.idle_bytes()  # the working set came back
-    assert all(n.locks == 0 for tree in cache.device_tier.trees.values() for n in tree.nodes())
+    assert "bad" not in cache.graph.entries and "ok" in cache.graph.entries
+    assert cache.kv.pool.bytes == cache.kv.pool.idle_bytes()  # the working set came back
+    assert all(n.locks == 0 for tree in cache.kv.trees.values() for n in tree.nodes())
     cache.check_integrity()
 
 

@@ -361,6 +361,6 @@ def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
     assert done.wait(60)
     while engine._live:  # the terminal state is kept after the Finished event
         time.sleep(0.01)
-    kept = prefix_cache.device_tier.entries["r"].node.sequence() if cached else None
+    kept = prefix_cache.graph.entries["r"].tokens if cached else None
     engine.shutdown()
     return events, kept

@@ -237,7 +237,7 @@ class LlamaCppEngine:
 
     def open(self, lease=None) -> LlamaSequence:
         if lease is not None:
-            return lease.sequence
+            return lease.kv  # the running sequence the prefix cache opened (engine/llamacpp/kv.py)
         if not self._free_ids:
             raise EngineFailure("every llama.cpp sequence is in use", hint="lower --max-batch or the cache rounds")
         return LlamaSequence(self._free_ids.pop())

@@ -14,10 +14,11 @@ from types import SimpleNamespace
 from typing import ClassVar
 
 from zllm.engine.llamacpp.backend import LlamaCppEngine
+from zllm.engine.llamacpp.kv import LlamaKV
 from zllm.engine.loaded import LoadedModel, Weights
 from zllm.errors import ConfigError
 from zllm.kvcache.config import CacheConfig
-from zllm.kvcache.sequence_cache import SequencePrefixCache
+from zllm.kvcache.prefix_cache import PrefixCache
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
 
 log = logging.getLogger("zllm.runtime")
@@ -70,14 +71,16 @@ class LlamaCppModel(LoadedModel):
         return self.engine.kv_bytes  # its KV pool was sized at load (the budget setting sized it)
 
     def build_prefix_cache(self, config: CacheConfig, *, key: str, max_batch: int,
-                           decode: Callable[[Sequence[int]], str]) -> SequencePrefixCache:
+                           decode: Callable[[Sequence[int]], str]) -> PrefixCache:
         """Entries are sequences in its KV pool; snapshots are its exported sequence state."""
         engine = self.engine
         if config.ssd_dir is not None:  # a backend's own state format: its own directory beside the tensor tier's
             config = replace(config, ssd_dir=config.ssd_dir.with_name(f"{config.ssd_dir.name}-{self.backend}"))
-        cache = SequencePrefixCache(config, engine, cells=engine.cells, bytes_per_token=engine.bytes_per_token,
-                                    layout=f"{key}:{engine.bytes_per_token}", spare_sequences=max_batch + 1,
-                                    decode=decode)
+        layout = f"{key}:{engine.bytes_per_token}"
+        kv = LlamaKV(engine, layout=layout, spare_sequences=max_batch + 1)
+        # the config's device budget holds here as on torch; the engine's pool is its upper bound
+        budget = min(engine.cells, config.device_budget_bytes // max(engine.bytes_per_token, 1)) * engine.bytes_per_token
+        cache = PrefixCache(config, kv, cost_key=f"cost:seq:{layout}", budget_bytes=budget, decode=decode)
         log.info("prefix cache (llama.cpp): %d KV cells (%d MB), %d bytes/token%s", engine.cells,
                  engine.kv_bytes // MiB, engine.bytes_per_token,
                  f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")

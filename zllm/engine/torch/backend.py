@@ -20,11 +20,12 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from zllm.engine.loaded import LoadedModel, Weights
-from zllm.engine.torch.cache.prefix_cache import PrefixCache
+from zllm.engine.torch.cache.kv import TorchKV
 from zllm.engine.torch.cache.state import KVLayout
 from zllm.engine.torch.kv_layers import supports_working_buffers
 from zllm.engine.torch.runner import ModelRunner
 from zllm.kvcache.config import CacheConfig
+from zllm.kvcache.prefix_cache import PrefixCache
 
 log = logging.getLogger("zllm.runtime")
 
@@ -86,7 +87,8 @@ class TorchModel(LoadedModel):
             return None
         with torch.inference_mode():
             layout = KVLayout.of(self.engine.probe_kv_state())
-        cache = PrefixCache(config, layout, self.device, decode=decode, cost_key=key)
+        cost_key = f"cost:{layout.key}:{torch.device(self.device).type}:{key}"
+        cache = PrefixCache(config, TorchKV(layout, self.device), cost_key=cost_key, decode=decode)
         log.info("prefix cache: device budget %d MB, %d rounds, %d bytes/token%s", config.device_budget_bytes // MiB,
                  config.rounds, layout.bytes_per_token,
                  f", SSD tier {config.ssd_dir} ({config.ssd_budget_bytes // MiB} MB)" if config.ssd_dir else "")

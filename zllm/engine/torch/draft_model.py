@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from zllm.diagnosis.segments import shared_prefix_length
+from zllm.token_prefix import common_prefix_length
 from zllm.engine.torch.backend import TorchModel
 from zllm.engine.torch.kv_layers import crop_to, croppable, supports_working_buffers, working_cache
 from zllm.engine.torch.loader import load_model
@@ -152,7 +152,7 @@ class DraftModelDrafter:
         if self._pending:
             # the cache already ran the previous tail and draft: keep the part of it that turned real
             assert self._real == len(self._sequence), "pending tokens follow the whole sequence"
-            self._real += shared_prefix_length(self._pending, new)
+            self._real += common_prefix_length(self._pending, new)
             self._pending.clear()
             crop_to(self._cache, self._real)
         self._blind = self._blind or (bool(new) and max(new) >= self.model.embeddable)
@@ -174,7 +174,7 @@ class DraftModelDrafter:
     def _catch_up(self, tail: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Make the cache hold sequence + tail, feeding only what it lacks; the logits after the last token."""
         unseen = [*self._sequence[self._real:], *tail]  # what follows the real tokens the cache holds
-        kept = self._real + shared_prefix_length(self._pending, unseen)  # pending tokens that continue it as they did
+        kept = self._real + common_prefix_length(self._pending, unseen)  # pending tokens that continue it as they did
         if kept == self._real + len(unseen):  # all of it was fed before: the last token again, for its logits
             kept -= 1
         crop_to(cache, kept)

@@ -68,7 +68,7 @@ class ModelRunner:
         (prefill and decode then append in place)."""
         if lease is None:
             return self.new_cache()
-        return working_cache(self.config, lease.working, lease.cached_tokens)
+        return working_cache(self.config, lease.kv, lease.cached_tokens)  # pooled buffers (cache/kv.py)
 
     def step(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         return self.forward_rows([Segment(row.seq, row.token_ids, row.all_logits) for row in rows])

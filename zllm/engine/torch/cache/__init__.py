@@ -1,4 +1,5 @@
-"""The torch backend's prefix cache: device tier (radix tree of shared prefixes over per-layer KV tensors),
-SSD tier (tensor snapshots that survive restarts), pooled working buffers. The backend-neutral parts (settings,
-identities, retention, the SSD index and recovery, the writer thread) are zllm/kvcache's.
+"""The torch backend's side of the prefix cache (kv.py: kvcache/kv_interface.py's KV interface): pooled working
+buffers, a span tree of shared prefixes over per-layer KV tensors, the SSD tier of tensor snapshots. The cache
+itself and the backend-neutral parts (entry graph, settings, identities, retention, the SSD index and recovery, the
+writer thread) are zllm/kvcache's.
 """

@@ -6,7 +6,7 @@
 
 A node's KV tensors cover exactly its span: `[1, kv_heads, len(node.tokens), head_dim]` per tensor, owned
 (cloned), so freeing a node frees its bytes. Branches share their ancestors' nodes; a path's KV is the
-concatenation of its nodes' spans. Policy (what to keep, what to evict) lives in device_tier.py; this file
+concatenation of its nodes' spans. Policy (what to keep, what to evict) lives in kvcache/prefix_cache.py and entry_graph.py; this file
 only keeps the structure right:
 
 - children are keyed by their first token, so a parent has at most one child per next token;

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zllm.kvcache.token_prefix import common_prefix_length  # noqa: F401 (re-exported)
+from zllm.token_prefix import common_prefix_length  # noqa: F401 (re-exported)
 
 SEQ_AXIS = -2
 LayerKV = tuple[torch.Tensor, ...]
