@@ -37,7 +37,7 @@ LLAMA = ("meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
 NAMES = [n for n in TEMPLATE_NAMES + list(ALSO_DERIVED) if n not in LLAMA]
 # templates that refuse tool results after an assistant turn without calls ("no previous assistant message with a
 # tool call"): a bare call comes back in the family's markup, and the cache forks at that turn
-REFUSES_BARE_TURNS = ("MiniMax-M2",)
+REFUSES_BARE_TURNS = ("MiniMax-M2", "google-gemma-4-31B-it")  # refuses or drops results after a turn without calls
 # what the model may write that is JSON but no call: a name no tool has, a name not first, no name
 NOT_CALLS = ('{"name": "Paris", "arguments": {}}', '{"city": "paris", "name": "search"}', '{"answer": 42}')
 

@@ -29,11 +29,16 @@ def render_conversation(template: JinjaChatTemplate, conversation: Conversation,
     if fmt is None or not any(opens_bare(m) for m in conversation.messages):
         return render(False)
     try:
-        return render(True)
+        text = render(True)
     except jinja2.TemplateError:
         # the template refuses results that follow no call (MiniMax M2: "no previous assistant message with a
         # tool call"): the bare call is written in the family's markup, and the prompt forks at that turn
         return render(False)
+    if not all(m.content in text for m in conversation.messages if m.role == "tool"):
+        # the template drops results that follow no call (Gemma 4 attaches them to its calls): the model must
+        # see every result, so the call is written in the family's markup, and the prompt forks at that turn
+        return render(False)
+    return text
 
 
 def message_dict(message: Message, fmt: CallFormat | None = None, *, bare: bool = False) -> dict:
