@@ -197,6 +197,10 @@ def test_cancel_aborts_the_engine_request_of_a_real_model(tiny_served, make_clie
         terminal = list(events)[-1]
     assert (terminal.type, terminal.response.status, cancelled.status) == ("response.incomplete", "cancelled",
                                                                           "cancelled")
+    # the engine reports a request finished after its last event went to the client: give the report a moment
+    deadline = time.monotonic() + 10
+    while not any(report.phase == "finished" for report in reports) and time.monotonic() < deadline:
+        time.sleep(0.05)
     (finished,) = [report for report in reports if report.phase == "finished"]
     assert finished.finish_reason == "abort" and 0 < finished.completion_tokens < max_tokens
     assert cancelled.usage.output_tokens == finished.completion_tokens
