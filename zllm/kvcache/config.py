@@ -18,7 +18,7 @@ class CacheConfig:
     near_miss_min_tokens: int = 1024
     near_miss_fraction: float = 0.9
     # llama.cpp: host RAM for kept sequences parked out of the KV pool (engine/llamacpp/kv.py), like llama-server's
-    # --cache-ram; -1 = min(8 GiB, a quarter of the machine's RAM), 0 = none parked
+    # --cache-ram (at most a quarter of the machine's RAM); -1 = 8 GiB, 0 = none parked
     park_budget_bytes: int = -1
     model: str = ""  # model identity, recorded with SSD snapshots (prune by model)
 

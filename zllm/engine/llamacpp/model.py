@@ -78,7 +78,7 @@ class LlamaCppModel(LoadedModel):
         if config.ssd_dir is not None:  # a backend's own state format: its own directory beside the tensor tier's
             config = replace(config, ssd_dir=config.ssd_dir.with_name(f"{config.ssd_dir.name}-{self.backend}"))
         layout = f"{key}:{engine.bytes_per_token}"
-        park = config.park_budget_bytes if config.park_budget_bytes >= 0 else default_park_budget()
+        park = min(config.park_budget_bytes if config.park_budget_bytes >= 0 else 8 << 30, quarter_of_ram())
         kv = LlamaKV(engine, layout=layout, spare_sequences=max_batch + 1, park_budget_bytes=park)
         # the config's device budget holds here as on torch; the engine's pool is its upper bound
         budget = min(engine.cells, config.device_budget_bytes // max(engine.bytes_per_token, 1)) * engine.bytes_per_token
@@ -97,7 +97,6 @@ class LlamaCppModel(LoadedModel):
         self.engine.close()
 
 
-def default_park_budget() -> int:
-    """llama-server's --cache-ram default (8 GiB), at most a quarter of the machine's RAM."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return min(8 << 30, ram // 4)
+def quarter_of_ram() -> int:
+    """The most host RAM parked sequences may take (llama-server's --cache-ram default is 8 GiB)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
