@@ -33,7 +33,7 @@ class KeptSequence:
 
     seq: LlamaSequence | None
     length: int
-    parked: bytearray | None = None
+    parked: memoryview | None = None
 
 
 class LlamaKV:
@@ -199,7 +199,7 @@ class LlamaKV:
             size = self.engine.state_size(kept.seq)
             if self.parked_bytes + size > self.park_budget_bytes:
                 continue  # no RAM for it: it stays in the pool (attended, masked)
-            kept.parked = bytearray(self.engine.export_state(kept.seq))
+            kept.parked = self.engine.export_state(kept.seq)  # a writable buffer of its own: imported without a copy
             self.engine.release(kept.seq)
             kept.seq = None
             self.parked_bytes += len(kept.parked)
@@ -211,7 +211,7 @@ class LlamaKV:
     def _unpark(self, kept: KeptSequence) -> None:
         if kept.parked is None:
             return
-        kept.seq = self.engine.import_state(kept.parked, kept.length)  # a writable buffer: loaded without a copy
+        kept.seq = self.engine.import_state(kept.parked, kept.length)
         self.parked_bytes -= len(kept.parked)
         kept.parked = None
         self.unparks += 1
