@@ -93,6 +93,7 @@ def run_case(args, engine, state: bytes, prompt: list[int], others: int, park: b
     for handle in [main, side_kept, *kept]:
         kv.drop(handle)
     kv.close()
+    engine.pack()  # exact mode buries released cells: the next case starts from an empty pool
 
 
 def main() -> None:
