@@ -131,6 +131,9 @@ class Settings:
     ssd_cache_mb: int = 0
     # sequences shorter than this are not written to the SSD tier
     ssd_min_tokens: int = 256
+    # llama.cpp: MB of host RAM for cached conversations parked out of the KV pool while other requests run (like
+    # llama-server's --cache-ram: a prompt beside kept cells is attended over them); at most a quarter of RAM; 0 = off
+    cache_ram_mb: int = 8192
     # llama.cpp: a cached prefix (device tier or SSD) answers bit for bit like a cold prefill, whatever else is in
     # the cache (Q8_0 KV cells read by flash attention's per-cell kernel); off = F16 cells and the tiled kernel,
     # but logits then depend on where a sequence's cells sit in the pool (README). Off by default: it halves
@@ -180,8 +183,10 @@ class Settings:
         if self.responses_max_stored < 0 or self.responses_max_age_days < 0 or self.responses_max_mb < 0:
             raise ConfigError("responses_max_stored, responses_max_age_days and responses_max_mb must be >= 0 "
                               "(0 = no bound)")
-        if self.cache_budget_mb < 0 or self.cache_rounds < 0 or self.ssd_cache_mb < 0 or self.ssd_min_tokens < 1:
-            raise ConfigError("cache_budget_mb, cache_rounds and ssd_cache_mb must be >= 0, ssd_min_tokens >= 1")
+        if self.cache_budget_mb < 0 or self.cache_rounds < 0 or self.ssd_cache_mb < 0 or self.ssd_min_tokens < 1 \
+                or self.cache_ram_mb < 0:
+            raise ConfigError("cache_budget_mb, cache_rounds, ssd_cache_mb and cache_ram_mb must be >= 0, "
+                              "ssd_min_tokens >= 1")
 
 
 def split_list(raw: str) -> tuple[str, ...]:

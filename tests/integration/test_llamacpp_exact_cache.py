@@ -196,3 +196,34 @@ def test_a_verified_draft_equals_the_one_token_steps(exact: bool) -> None:
         assert gap == 0.0
     else:
         assert gap > 1e-3, gap
+
+
+def test_a_conversation_parked_beside_a_side_request_restores_exactly() -> None:
+    """Exact mode through the prefix cache's llama.cpp side (engine/llamacpp/kv.py): a side request parks the
+    kept conversation in host RAM (its cells buried, the pool compacted), then the next turn brings it back; the
+    turn's logits equal a cold prefill's bit for bit."""
+    from zllm.engine.llamacpp.backend import LlamaCppEngine
+    from zllm.engine.llamacpp.kv import LlamaKV
+
+    gguf, turn = str(default_f16_gguf()), OTHER[:20]
+    engine = LlamaCppEngine(gguf, settings(True))
+    try:
+        kv = LlamaKV(engine, layout="test", spare_sequences=2, park_budget_bytes=1 << 30)
+        running = kv.open(400)
+        run(engine, running, IDS)
+        conversation = kv.keep("ns", tuple(IDS), running, running, "main")
+        kv.release(running, kept=True)
+        side = kv.open(100)
+        run(engine, side, OTHER[:80])
+        assert (kv.parks, engine.compactions) == (1, 1), "the side request parked the conversation"
+        kv.release(side)
+        parked = run(engine, kv.share(conversation, len(IDS), 400), turn)
+        assert kv.unparks == 1
+    finally:
+        engine.close()
+    engine = LlamaCppEngine(gguf, settings(True))
+    try:
+        cold = run(engine, engine.open(), IDS + turn, chunk=300)
+    finally:
+        engine.close()
+    assert float(np.max(np.abs(cold - parked))) == 0.0

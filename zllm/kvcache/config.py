@@ -17,6 +17,9 @@ class CacheConfig:
     decode_reserve_tokens: int = 4096  # decode growth reserved per request (beyond it, buffers grow)
     near_miss_min_tokens: int = 1024
     near_miss_fraction: float = 0.9
+    # llama.cpp: host RAM for kept sequences parked out of the KV pool (engine/llamacpp/kv.py), like llama-server's
+    # --cache-ram (at most a quarter of the machine's RAM); -1 = 8 GiB, 0 = none parked
+    park_budget_bytes: int = -1
     model: str = ""  # model identity, recorded with SSD snapshots (prune by model)
 
     def __post_init__(self) -> None:

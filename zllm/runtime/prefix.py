@@ -38,6 +38,7 @@ def cache_config_from_settings(settings, loaded: LoadedModel, model: str) -> Cac
         ssd_dir=ssd_dir,
         ssd_budget_bytes=settings.ssd_cache_mb * MiB or (default_ssd_budget(ssd_dir) if ssd_dir else 0),
         ssd_min_tokens=settings.ssd_min_tokens,
+        park_budget_bytes=settings.cache_ram_mb * MiB,
         model=model,
     )
 

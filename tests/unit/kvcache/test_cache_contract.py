@@ -326,3 +326,32 @@ def test_damage_is_set_aside_and_served_cold(backend, tmp_path, damage, caplog) 
     restarted.flush()
     assert "later" in {e.id for e in restarted.entries() if e.tier == "ssd"}, "writes go on after the damage"
     restarted.close()
+
+
+def test_a_side_request_between_turns_leaves_the_next_turn_exact(backend, cache) -> None:
+    # llama.cpp parks the idle conversation in host RAM while the side request runs (engine/llamacpp/kv.py) and
+    # brings it back for the next turn: the hit must still equal a full prefill
+    main = tokens(300, seed=11)
+    _, generated = backend.run(cache, main, "main", generate=3)
+    side, _ = backend.run(cache, tokens(80, seed=12), "side", generate=2)
+    assert side.tier == "cold"
+    if backend.name == "llamacpp":
+        assert cache.kv.parks == 1 and cache.kv.parked_bytes > 0, "the side request parked the conversation"
+    cache.check_integrity()
+    turn2 = main + tuple(generated) + tokens(15, seed=13)
+    lease, logits = backend.ask(cache, turn2)
+    assert (lease.tier, lease.cached_tokens) == ("device", len(main) + 2)
+    backend.assert_restored_exactly(lease, logits, pieces=(len(main), 1, 1))
+    if backend.name == "llamacpp":  # back in the pool; the side entry parked in its place
+        assert (cache.kv.unparks, cache.kv.parks) == (1, 2)
+
+
+def test_nothing_is_parked_beyond_its_ram_budget(backend) -> None:
+    if backend.name != "llamacpp":
+        pytest.skip("parking is llama.cpp's (its pool attends over every kept cell)")
+    cache = backend.cache(park_budget_bytes=0)
+    backend.run(cache, tokens(200, seed=14), "main")
+    backend.run(cache, tokens(50, seed=15), "side")
+    assert cache.kv.parks == 0 and cache.kv.parked_bytes == 0 and len(cache.entries()) == 2
+    cache.check_integrity()
+    cache.close()

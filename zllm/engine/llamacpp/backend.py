@@ -334,12 +334,18 @@ class LlamaCppEngine:
             padded[other] = (*padded[other][:3], True)
         return padded
 
+    def pack(self) -> None:
+        """Free cells below used ones (parked or released sequences) given back: the live cells packed from cell 0,
+        so the next cells placed go after them and attention's span (the highest used cell) is the live cells'."""
+        self._compact()
+
     def _compact(self) -> None:
         """Drop the dead cells and pack every live one from cell 0, in their order (a whole-context state save and
         restore), so the next cells placed go after all of them: a sequence's cells stay in position order
         (EXACT_ATTENTION's comment). It costs a copy of the used cells and a clear of the whole pool (seconds for a
         64K-cell pool: README), so it runs when the pool is full of dead cells, not after each release."""
-        lc.llama_memory_seq_rm(self.memory, self._dead_id, -1, -1)
+        if self._dead_id is not None:
+            lc.llama_memory_seq_rm(self.memory, self._dead_id, -1, -1)
         self._dead = False
         size = lc.llama_state_get_size(self.ctx)
         buffer = (ctypes.c_uint8 * size)()
@@ -401,6 +407,9 @@ class LlamaCppEngine:
         seq.length = length
         return seq
 
+    def state_size(self, seq: LlamaSequence) -> int:
+        return lc.llama_state_seq_get_size(self.ctx, seq.seq_id)
+
     def export_state(self, seq: LlamaSequence) -> memoryview:
         """The sequence's state (its KV cells and positions), as a view over a buffer of its own."""
         size = lc.llama_state_seq_get_size(self.ctx, seq.seq_id)
@@ -421,7 +430,7 @@ class LlamaCppEngine:
         array = ctypes.c_uint8 * len(view)
         buffer = array.from_buffer(view) if not view.readonly else array.from_buffer_copy(view)
         read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
-        if read != len(view) and self._dead:  # no room: the dead cells make it
+        if read != len(view) and (self._dead or not self.settings.exact):  # no room (in one run): packing makes it
             self._compact()
             read = lc.llama_state_seq_set_data(self.ctx, buffer, len(view), seq.seq_id)
         held = lc.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1

@@ -7,29 +7,52 @@ the pool's cells and answered in bytes (`bytes_per_token` each). The SSD tier st
 
 Kept handles dropped off the engine thread (a prune) give their cells back at the engine thread's next call:
 llama.cpp's memory is engine-thread only.
+
+Parking (llama-server's `--cache-ram`): llama.cpp attends over every cell up to the pool's highest used one and
+masks other sequences' cells, so a new prompt beside 32K kept cells prefills ~5x slower than in an empty pool
+(bench/kept_sequences.py). When a request is admitted, every kept sequence that no running request shares and
+that it does not share from is parked: its state exported into host RAM (`park_budget_bytes` in all) and its cells
+freed; a request that hits it imports it back first. A parked handle still counts in `held_bytes` (the device
+budget), so there is always room to bring it back. bench/parked_sequences.py measures both sides.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
+from zllm.engine.llamacpp.backend import LlamaSequence
 from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_index import SnapshotInvalid
+
+
+@dataclass(eq=False)
+class KeptSequence:
+    """A kept handle: its tokens in the pool (`seq`) or, parked, in host RAM (`parked`: the exported state)."""
+
+    seq: LlamaSequence | None
+    length: int
+    parked: memoryview | None = None
 
 
 class LlamaKV:
     shares_prefixes = False  # each kept sequence holds its own cells (a prefix entry is superseded)
 
-    def __init__(self, engine, *, layout: str, spare_sequences: int):
+    def __init__(self, engine, *, layout: str, spare_sequences: int, park_budget_bytes: int = 0):
         """`layout` names what makes a saved state loadable (model, backend, KV types); `spare_sequences` are kept
-        free for rows about to start (the batch size plus one)."""
+        free for rows about to start (the batch size plus one); `park_budget_bytes`: host RAM for parked kept
+        sequences (0 = none parked: they stay in the pool)."""
         self.engine = engine
         self.bytes_per_token = engine.bytes_per_token
         self.layout = layout
         self.spare_sequences = spare_sequences
         self._reserved: dict[int, int] = {}  # running sequence id → tokens of room it reserves
-        self._kept: dict[int, int] = {}  # kept sequence id → its tokens
+        self._kept: dict[KeptSequence, int] = {}  # kept handle → its tokens
+        self._sharing: dict[int, KeptSequence] = {}  # running sequence id → the kept handle it shares cells with
+        self.park_budget_bytes = park_budget_bytes
+        self.parked_bytes = 0
+        self.parks = self.unparks = 0
         self._doomed: list[Any] = []  # kept sequences dropped off the engine thread, to give back on it
         self._engine_thread: int | None = None
 
@@ -43,19 +66,24 @@ class LlamaKV:
 
     def open(self, tokens: int) -> Any:
         self._on_engine_thread()
+        self._park_idle(None)
         seq = self.engine.open()
         self._reserved[seq.seq_id] = tokens
         return seq
 
     def share(self, kept: Any, length: int, tokens: int) -> Any:
         self._on_engine_thread()
-        seq = self.engine.share(kept, length)
+        self._park_idle(kept)
+        self._unpark(kept)
+        seq = self.engine.share(kept.seq, length)
         self._reserved[seq.seq_id] = tokens
+        self._sharing[seq.seq_id] = kept
         return seq
 
     def release(self, running: Any, buffers: Any = None, *, kept: bool = False) -> None:
         self._on_engine_thread()
         self._reserved.pop(running.seq_id, None)
+        self._sharing.pop(running.seq_id, None)
         if not kept:
             self.engine.release(running)
 
@@ -73,15 +101,20 @@ class LlamaKV:
     def keep(self, namespace: str, tokens: tuple[int, ...], state: Any, running: Any, entry_id: str) -> Any:
         """`state` is the request's engine sequence, holding exactly `tokens`: it becomes the kept handle."""
         self._reserved.pop(state.seq_id, None)
-        self._kept[state.seq_id] = len(tokens)
-        return state
+        self._sharing.pop(state.seq_id, None)
+        handle = KeptSequence(state, len(tokens))
+        self._kept[handle] = len(tokens)
+        return handle
 
     def drop(self, kept: Any) -> None:
-        self._kept.pop(kept.seq_id, None)
-        if self._engine_thread in (None, threading.get_ident()):
-            self.engine.release(kept)
+        self._kept.pop(kept, None)
+        if kept.parked is not None:
+            self.parked_bytes -= len(kept.parked)
+            kept.parked = None
+        elif self._engine_thread in (None, threading.get_ident()):
+            self.engine.release(kept.seq)
         else:
-            self._doomed.append(kept)
+            self._doomed.append(kept.seq)
 
     def close(self) -> None:
         """After the engine thread stopped: give back what a prune dropped."""
@@ -89,13 +122,13 @@ class LlamaKV:
         self._give_back_doomed()
 
     def length(self, kept: Any) -> int:
-        return self.engine.length(kept)
+        return kept.length
 
     def held_bytes(self) -> int:
         return sum(self._kept.values()) * self.bytes_per_token
 
     def exclusive_bytes(self, kept: Any) -> int:
-        return self._kept.get(kept.seq_id, 0) * self.bytes_per_token
+        return self._kept.get(kept, 0) * self.bytes_per_token
 
     def pool_bytes(self) -> int:
         return sum(self._reserved.values()) * self.bytes_per_token
@@ -104,8 +137,12 @@ class LlamaKV:
         return self.pool_bytes()
 
     def check(self, kept: Any, length: int) -> None:
-        assert self.engine.length(kept) == length == self._kept[kept.seq_id], f"sequence {kept.seq_id} lost cells"
+        held = self.engine.length(kept.seq) if kept.parked is None else kept.length
+        assert held == length == kept.length == self._kept[kept], "a kept sequence lost cells"
+        assert (kept.seq is None) == (kept.parked is not None), "a kept sequence is in the pool or parked, not both"
         assert all(n >= 0 for n in self._reserved.values()), "reservations never go negative"
+        assert self.parked_bytes == sum(len(k.parked) for k in self._kept if k.parked is not None) \
+            <= max(self.park_budget_bytes, 0), "parked bytes are counted and within their budget"
 
     # ------------------------------------------------------------------ the SSD tier: exported sequence states
 
@@ -146,6 +183,38 @@ class LlamaKV:
                      prompt_length: int, round: int, hint_key: str | None, kept: Any, state: Any) -> SequenceJob:
         exported = self.engine.export_state(state)  # a copy out of the pool: the writer never touches llama.cpp
         return SequenceJob(entry_id, namespace, model, tokens, prompt_length, round, exported, hint_key)
+
+    # ------------------------------------------------------------------ parking (the module's docstring)
+
+    def _park_idle(self, sharing: KeptSequence | None) -> None:
+        """Park every kept sequence in the pool that no running request shares, except `sharing` (the admitted
+        request's source), while the RAM budget holds; then pack the pool so the running cells sit low."""
+        if self.park_budget_bytes <= 0:
+            return
+        busy = set(map(id, self._sharing.values())) | {id(sharing)}
+        parked = False
+        for kept in list(self._kept):
+            if kept.parked is not None or id(kept) in busy:
+                continue
+            size = self.engine.state_size(kept.seq)
+            if self.parked_bytes + size > self.park_budget_bytes:
+                continue  # no RAM for it: it stays in the pool (attended, masked)
+            kept.parked = self.engine.export_state(kept.seq)  # a writable buffer of its own: imported without a copy
+            self.engine.release(kept.seq)
+            kept.seq = None
+            self.parked_bytes += len(kept.parked)
+            self.parks += 1
+            parked = True
+        if parked and self.engine.settings.exact:
+            self.engine.pack()  # exact mode keeps released cells as dead ones: drop them, pack the live ones
+
+    def _unpark(self, kept: KeptSequence) -> None:
+        if kept.parked is None:
+            return
+        kept.seq = self.engine.import_state(kept.parked, kept.length)
+        self.parked_bytes -= len(kept.parked)
+        kept.parked = None
+        self.unparks += 1
 
     # ------------------------------------------------------------------ internals
 

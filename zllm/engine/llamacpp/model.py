@@ -7,6 +7,7 @@ Torch-free: the tokenizer is prompt/tokenizer_files.TokenizerFiles and the confi
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,7 +78,8 @@ class LlamaCppModel(LoadedModel):
         if config.ssd_dir is not None:  # a backend's own state format: its own directory beside the tensor tier's
             config = replace(config, ssd_dir=config.ssd_dir.with_name(f"{config.ssd_dir.name}-{self.backend}"))
         layout = f"{key}:{engine.bytes_per_token}"
-        kv = LlamaKV(engine, layout=layout, spare_sequences=max_batch + 1)
+        park = min(config.park_budget_bytes if config.park_budget_bytes >= 0 else 8 << 30, quarter_of_ram())
+        kv = LlamaKV(engine, layout=layout, spare_sequences=max_batch + 1, park_budget_bytes=park)
         # the config's device budget holds here as on torch; the engine's pool is its upper bound
         budget = min(engine.cells, config.device_budget_bytes // max(engine.bytes_per_token, 1)) * engine.bytes_per_token
         cache = PrefixCache(config, kv, cost_key=f"cost:seq:{layout}", budget_bytes=budget, decode=decode)
@@ -93,3 +95,8 @@ class LlamaCppModel(LoadedModel):
 
     def close(self) -> None:
         self.engine.close()
+
+
+def quarter_of_ram() -> int:
+    """The most host RAM parked sequences may take (llama-server's --cache-ram default is 8 GiB)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
