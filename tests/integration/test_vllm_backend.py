@@ -173,7 +173,7 @@ def metric(url: str, name: str, label: str = "") -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in samples))
 
 
-LONG_SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 90  # > 1024 tokens
+LONG_SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 90  # > 1024 tokens (a near miss needs that much shared)
 
 
 def test_cache_ls_near_misses_and_explain_miss_answer_from_zllms_index(vllm_daemon: Daemon) -> None:
@@ -188,7 +188,7 @@ def test_cache_ls_near_misses_and_explain_miss_answer_from_zllms_index(vllm_daem
     assert len([e for e in entries if e["tokens"] > 1024]) >= 2  # both sequences, prompt + output
     record = control.near_misses()[-1]
     assert record["segment"] == "message 1 (user)" and record["divergence"] > 1024 and record["request_id"]
-    explained = control.call("cache.explain", {"request_id": record["request_id"]})
+    explained = control.explain(record["request_id"])
     assert explained["near_miss"]["divergence"] == record["divergence"]
     assert explained["explanation"] is not None
     assert control.call("ps")["models"][0]["kv_cache_budget_bytes"] > 0  # the index's budget shows
