@@ -173,7 +173,8 @@ def metric(url: str, name: str, label: str = "") -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in samples))
 
 
-LONG_SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 90  # > 1024 tokens (a near miss needs that much shared)
+# a near miss shares more than 1024 tokens (kvcache/config.py near_miss_min_tokens)
+LONG_SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 90
 
 
 def test_cache_ls_near_misses_and_explain_miss_answer_from_zllms_index(vllm_daemon: Daemon) -> None:

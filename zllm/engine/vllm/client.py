@@ -44,11 +44,11 @@ from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.vllm import wire
 from zllm.engine.vllm.kv import RemoteKV, kv_bytes_per_token
+from zllm.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, ModelNotFound, Overloaded
+from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
 from zllm.kvcache.identity import request_namespace
 from zllm.kvcache.prefix_cache import Lease, PrefixCache
-from zllm.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, ModelNotFound, Overloaded
-from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
 from zllm.prompt.dialect_check import check_renderer
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
