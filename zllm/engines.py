@@ -138,7 +138,7 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
         client = VllmEngineClient.open(model_dir, server.url, served_model=name, name=served.name,
                                        created=served.created, context_length=window, dialect=settings.dialect,
                                        max_queue=settings.max_queue, fingerprints=fingerprints, observer=observer,
-                                       layout=server.layout)
+                                       layout=server.layout, cache_config=_vllm_index_config(settings))
         await check_tokenizer(server.url, name, lambda text: client.renderer.tokenizer.encode(
             text, add_special_tokens=False))
     except BaseException:
@@ -157,6 +157,14 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
                            dtype=str(config.get("torch_dtype") or config.get("dtype") or ""),
                            dialect_round_trip=client.dialect_check.held, dialect_problem=client.dialect_check.problem)
     return OpenedEngine(client, info, f"backend vllm: {reason}; {server.layout}", close)
+
+
+def _vllm_index_config(settings: Settings):
+    """zllm's index of what it sent vLLM (engine/vllm/kv.py), bounded by the KV budget vLLM was given (its default,
+    4 GiB, when none was)."""
+    from zllm.kvcache import CacheConfig
+
+    return CacheConfig(device_budget_bytes=(settings.cache_budget_mb or 4096) << 20, rounds=settings.cache_rounds)
 
 
 async def _ready_unless_stopped(server, stop: asyncio.Event) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -43,3 +44,46 @@ def daemon(tiny_data_dir: Path):
 @pytest.fixture()
 def client(daemon: Daemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="test-key", max_retries=0, timeout=60)
+
+
+# ---------------------------------------------------------------------- one daemon per engine, for contract tests
+
+
+@dataclass(frozen=True)
+class Served:
+    """A daemon and the model it serves, on one engine: what a contract test (the same on every engine) needs."""
+
+    backend: str
+    daemon: Daemon
+    model: str
+    context: int
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.daemon.base_url}/v1", api_key="test-key", max_retries=0, timeout=120)
+
+
+# local: the tiny random-weight model in process; vllm: the default model as safetensors behind a real vLLM server
+# (skipped, saying how to get one, when no vLLM Python is configured: tests/support/vllm_server.py)
+BACKENDS = ("local", "vllm")
+VLLM_CONTEXT = 1024
+LOCAL_CONTEXT = 512  # two tools' schemas in the tiny model's template need more than CONTEXT
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(request: pytest.FixtureRequest, tiny_data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The module's daemon on each engine in turn (module-scoped: one vLLM server per module at most)."""
+    if request.param == "local":
+        data_dir = linked_data_dir(tiny_data_dir, tmp_path_factory.mktemp("served-local"))
+        daemon = Daemon(data_dir, TINY, "--context-length", str(LOCAL_CONTEXT)).wait_ready()
+        yield Served("local", daemon, TINY, LOCAL_CONTEXT)
+    else:
+        from tests.support.vllm_server import vllm_model_dir, vllm_python
+
+        python = vllm_python()
+        data_dir = tmp_path_factory.mktemp("served-vllm")
+        ModelStore(data_dir / "models").pull(str(vllm_model_dir()), name="smollm2-st")
+        daemon = Daemon(data_dir, "smollm2-st", "--backend", "vllm", "--vllm-python", python,
+                        "--vllm-args", "--enforce-eager", "--context-length", str(VLLM_CONTEXT),
+                        "--cache-budget-mb", "1024").wait_ready(timeout=600)
+        yield Served("vllm", daemon, "smollm2-st", VLLM_CONTEXT)
+    daemon.stop()

@@ -173,6 +173,44 @@ def metric(url: str, name: str, label: str = "") -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in samples))
 
 
+# a near miss shares more than 1024 tokens (kvcache/config.py near_miss_min_tokens)
+LONG_SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 90
+
+
+def test_cache_ls_near_misses_and_explain_miss_answer_from_zllms_index(vllm_daemon: Daemon) -> None:
+    """zllm's index of what it sent vLLM (engine/vllm/kv.py under the one prefix cache): a request that shares
+    the long system prompt and then diverges is a near miss, explained by prompt segment; `cache ls` lists it."""
+    client = chat(vllm_daemon)
+    for question in ("Name a color.", "Name a fruit."):
+        client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, messages=[
+            {"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": question}])
+    control = vllm_daemon.control()
+    entries = control.call("cache.ls")["entries"]
+    assert len([e for e in entries if e["tokens"] > 1024]) >= 2  # both sequences, prompt + output
+    record = control.near_misses()[-1]
+    assert record["segment"] == "message 1 (user)" and record["divergence"] > 1024 and record["request_id"]
+    explained = control.explain(record["request_id"])
+    assert explained["near_miss"]["divergence"] == record["divergence"]
+    assert explained["explanation"] is not None
+    assert control.call("ps")["models"][0]["kv_cache_budget_bytes"] > 0  # the index's budget shows
+
+
+def test_anthropic_diagnostics_name_what_changed(vllm_daemon: Daemon) -> None:
+    claude = anthropic.Anthropic(base_url=vllm_daemon.base_url, api_key=KEYS[0], max_retries=0, timeout=120)
+
+    def turn(system: str, previous: str | None):
+        return claude.beta.messages.create(
+            model=MODEL, max_tokens=2, system=system, messages=[{"role": "user", "content": "Hi."}],
+            diagnostics={"previous_message_id": previous}, betas=["cache-diagnosis-2026-04-07"],
+            extra_body={"temperature": 0})
+
+    first = turn(SYSTEM, None)
+    second = turn("Today is 2026-12-02. " + SYSTEM, first.id)
+    assert second.diagnostics.cache_miss_reason.type == "system_changed"
+    assert second.diagnostics.model_extra["zllm"]["segment"] == "system"
+    assert vllm_daemon.control().diagnosis(second.id)["diagnosis"]["segment"] == "system"
+
+
 def test_no_vllm_process_outlives_a_killed_daemon(vllm_daemon: Daemon) -> None:
     """Last in the module: kill -9 of the module's daemon (its graceful stop: tests/unit/engine/test_vllm_keeper.py)."""
     url = vllm_daemon_server_url(vllm_daemon)

@@ -16,10 +16,11 @@ stop a loop, not ban its next token: vLLM samples); usage's `cached_tokens` is v
 Cancellation: a consumer that stops listening closes the HTTP stream, and vLLM aborts a request whose client
 disconnected (its `with_cancellation`): the vLLM request is gone with the zllm one.
 
-Prefix-cache views (`cache ls`, near misses) need an index of what vLLM holds: `prefix_cache` is None until the
-one prefix cache takes a KV interface with no KV of its own (a remote one) — the seam is `prefix_cache` below and
-`SentPrompts`, which for now only estimates the split that Anthropic's `message_start` must report before vLLM
-states it (at the end of the stream).
+Prefix-cache views: the one prefix cache (kvcache/prefix_cache.py) runs over a KV interface that holds no KV
+(engine/vllm/kv.py) as zllm's index of the token sequences sent per namespace: acquired at submit, finished with
+prompt + output ids, released on a failure. `zllm cache ls`, near misses and explain-miss answer from it as on the
+local engines. Its `cached_tokens` is zllm's view only: it sets the split Anthropic's `message_start` must report
+before vLLM states it; Finished's usage is vLLM's own figure.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,17 @@ from zllm.diagnosis.service import ServedDiagnosis
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
 from zllm.engine.vllm import wire
+from zllm.engine.vllm.kv import RemoteKV, kv_bytes_per_token
 from zllm.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, ModelNotFound, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
+from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
+from zllm.kvcache.identity import request_namespace
+from zllm.kvcache.prefix_cache import Lease, PrefixCache
 from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
 from zllm.prompt.dialect_check import check_renderer
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
-from zllm.runtime.detokenizer import IncrementalDetokenizer
+from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
@@ -61,39 +66,6 @@ log = logging.getLogger("zllm.engine.vllm")
 # vLLM's prefix cache works in whole blocks (--block-size; zllm starts it with 32)
 BLOCK_TOKENS = 32
 _FINISH = {"length": FinishReason.LENGTH, "repetition": FinishReason.REPETITION, "abort": FinishReason.ABORT}
-
-
-class SentPrompts:
-    """The last prompts (and outputs) sent per namespace: what vLLM's block cache most likely holds, for the
-    split reported before vLLM states it. An estimate (vLLM may have evicted a block); Finished's usage is exact."""
-
-    def __init__(self, keep: int = 64, block: int = BLOCK_TOKENS):
-        self._sequences: OrderedDict[tuple[str, tuple[int, ...]], None] = OrderedDict()
-        self._keep, self._block = keep, block
-
-    def estimate(self, namespace: str, prompt: Sequence[int]) -> int:
-        best = 0
-        for space, sequence in self._sequences:
-            if space == namespace:
-                best = max(best, _common_prefix(sequence, prompt))
-        usable = min(best, len(prompt) - 1)  # the last prompt token is always computed
-        return usable - usable % self._block
-
-    def add(self, namespace: str, sequence: Sequence[int]) -> None:
-        key = (namespace, tuple(sequence))
-        self._sequences[key] = None
-        self._sequences.move_to_end(key)
-        while len(self._sequences) > self._keep:
-            self._sequences.popitem(last=False)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class VllmRequestStream:
@@ -139,9 +111,10 @@ class VllmEngineClient:
                  model_name: str, created: int, context_length: int, dialect: str | None = None,
                  max_queue: int = 64, fingerprints: FingerprintStore | None = None,
                  observer: Callable[[RequestReport], None] | None = None, layout: str = "",
-                 session: aiohttp.ClientSession | None = None):
+                 session: aiohttp.ClientSession | None = None, cache_config: CacheConfig | None = None):
         """`base_url`: the vLLM server (http://host:port); `served_model`: the model name it serves;
-        `context_length`: its max_model_len. `layout`: its parallel layout, for `zllm ps`."""
+        `context_length`: its max_model_len. `layout`: its parallel layout, for `zllm ps`. `cache_config`: the
+        index of sent sequences (its `model`: the served model's key; None: no index, `prefix_cache` is None)."""
         self.base_url = base_url.rstrip("/")
         self.served_model = served_model
         self.model_name = model_name
@@ -165,7 +138,10 @@ class VllmEngineClient:
         self._tokenizer = tokenizer
         self._session = session
         self._live: set[asyncio.Task] = set()
-        self.sent = SentPrompts()
+        self._index = (PrefixCache(cache_config, RemoteKV(kv_bytes_per_token(config)), cost_key="vllm",
+                                   decode=raw_decoder(tokenizer, skip_special_tokens=False))
+                       if cache_config is not None and cache_config.rounds > 0 else None)
+        self._model_key = cache_config.model if cache_config is not None else ""
 
     @classmethod
     def open(cls, model_dir: str | Path, base_url: str, *, served_model: str, name: str, created: int,
@@ -175,6 +151,9 @@ class VllmEngineClient:
         tokenizer = TokenizerFiles.from_dir(model_dir)
         config = read_model_json(model_dir / "config.json")
         eos = read_model_json(model_dir / "generation_config.json").get("eos_token_id")
+        if options.get("cache_config") is not None:  # the index's namespaces are the served model's
+            key = model_key(weights_identity(model_dir), "vllm", template_hash(tokenizer.chat_template))
+            options["cache_config"] = replace(options["cache_config"], model=key, ssd_dir=None)
         return cls(tokenizer, config, eos, base_url=base_url, served_model=served_model, model_name=name,
                    created=created, context_length=context_length, **options)
 
@@ -193,11 +172,12 @@ class VllmEngineClient:
         return 0  # vLLM queues; zllm bounds what it has in flight (max_queue)
 
     @property
-    def prefix_cache(self) -> None:
-        return None  # the seam for the one prefix cache over a remote KV (module docstring)
+    def prefix_cache(self) -> PrefixCache | None:
+        return self._index  # zllm's index of what it sent vLLM (module docstring)
 
-    def explain_near_miss(self, record) -> None:
-        return None
+    def explain_near_miss(self, record):
+        """A near-miss record of the index, explained (`zllm cache explain-miss`). Blocking."""
+        return self.diagnosis.explain_near_miss(record)
 
     def cache_diagnosis(self, response_id: str) -> tuple[str, CacheDiagnosis] | None:
         return self.diagnosis.kept(response_id)
@@ -219,10 +199,13 @@ class VllmEngineClient:
         body = wire.generate_body(request.id, ids, request.sampling, max_tokens=max_tokens,
                                   stop_token_ids=self.stop_token_ids | set(request.sampling.stop_token_ids),
                                   grammar=grammar, salt=wire.cache_salt(request.namespace), model=self.served_model)
-        run = partial(self._run, request, ids, body, max_tokens, split)
+        lease = await asyncio.get_running_loop().run_in_executor(None, self._acquire, request, ids, max_tokens)
+        run = partial(self._run, request, ids, body, max_tokens, split, lease)
         stream = VllmRequestStream(request.id, len(ids), run, split, fingerprint)
         self._live.add(stream._task)
         stream._task.add_done_callback(self._live.discard)
+        if lease is not None:  # a task cancelled before it ran never reaches _run's own release
+            stream._task.add_done_callback(lambda _: self._index.release(lease))
         return stream
 
     async def check(self, model: str, request: ChatRequest | None = None) -> None:
@@ -254,6 +237,8 @@ class VllmEngineClient:
             await asyncio.wait(list(self._live), timeout=timeout)
         if self._session is not None:
             await self._session.close()
+        if self._index is not None:
+            self._index.close()
         self.diagnosis.close()
 
     # ------------------------------------------------------------------ one request
@@ -267,6 +252,29 @@ class VllmEngineClient:
             self.fences.compile(grammar)  # InvalidRequest now, not a vLLM 400 mid-stream (compiled once, cached)
         return prompt, grammar.lark if grammar is not None else None, self.diagnosis.fingerprint(request, prompt)
 
+    def _acquire(self, request: ChatRequest, ids: list[int], max_tokens: int) -> Lease | None:
+        """The index's lease on `ids` (its lookup records a near miss, described by prompt segment). Blocking."""
+        if self._index is None:
+            return None
+        return self._index.acquire(request_namespace(self._model_key, request.namespace), ids,
+                                   hint=request.cache_hint, max_new_tokens=max_tokens, request_id=request.id,
+                                   describe_position=self.diagnosis.describer(request))
+
+    def _end_lease(self, lease: Lease | None, request: ChatRequest, sequence: list[int], reason: FinishReason | None,
+                   prompt_length: int) -> None:
+        """Index what vLLM now holds (prompt + output), or give the lease back when the request failed or was
+        aborted (vLLM may not have kept it)."""
+        if lease is None:
+            return
+        try:
+            if reason in (FinishReason.ERROR, FinishReason.ABORT, None):
+                self._index.release(lease)
+            else:
+                self._index.finish(lease, sequence, None, entry_id=request.id, prompt_length=prompt_length)
+        except Exception:  # losing an index entry never fails the request
+            log.exception("indexing %s failed", request.id)
+            self._index.release(lease)
+
     def _output(self, request: ChatRequest, max_tokens: int) -> TurnOutput:
         text_stage = OutputProcessor(
             detokenizer=IncrementalDetokenizer(self._tokenizer, skip_special_tokens=False),
@@ -279,10 +287,11 @@ class VllmEngineClient:
         return TurnOutput(text_stage, parser or PlainTextParser())
 
     async def _run(self, request: ChatRequest, ids: list[int], body: dict, max_tokens: int,
-                   split: asyncio.Future[Usage], emit: Callable[[Event], None]) -> None:
+                   split: asyncio.Future[Usage], lease: Lease | None, emit: Callable[[Event], None]) -> None:
         """Stream one request from vLLM into `emit`; always ends with exactly one Finished."""
         started = time.perf_counter()
-        estimate = self.sent.estimate(request.namespace, ids)
+        # what the index says vLLM holds, in its whole blocks: the split reported before vLLM states its own
+        estimate = lease.cached_tokens - lease.cached_tokens % BLOCK_TOKENS if lease is not None else 0
         output = self._output(request, max_tokens)
         guard = LoopGuard()
         generated: list[int] = []
@@ -290,7 +299,7 @@ class VllmEngineClient:
         reason: FinishReason | None = None
         stop_sequence = None
         first_at = None
-        self._report("started", request, len(ids))
+        self._report("started", request, len(ids), lease=lease)
 
         def resolve_split(cached: int) -> None:
             if not split.done():
@@ -353,16 +362,21 @@ class VllmEngineClient:
                           error_code=error.code, error_message=error.message))
             reason = FinishReason.ERROR
         finally:
-            self.sent.add(request.namespace, (*ids, *generated))
+            self._end_lease(lease, request, ids if request.prefill_only else [*ids, *generated], reason, len(ids))
         self._report("finished", request, len(ids), completion=output.completion_tokens, reason=reason,
-                     ttft=(first_at - started) if first_at else None)
+                     ttft=(first_at - started) if first_at else None, lease=lease)
 
     def _report(self, phase: str, request: ChatRequest, prompt: int, *, completion: int = 0,
-                reason: FinishReason | None = None, ttft: float | None = None) -> None:
+                reason: FinishReason | None = None, ttft: float | None = None, lease: Lease | None = None) -> None:
         if self._observer is not None:
+            near = lease.near_miss if lease is not None else None
             self._observer(RequestReport(phase=phase, request_id=request.id, api=request.api, model=request.model,
                                          namespace=request.namespace, prompt_tokens=prompt, prefilled_tokens=prompt,
-                                         cache_tier="off", completion_tokens=completion, ttft_s=ttft,
+                                         cache_tier=lease.tier if lease is not None else "off",
+                                         near_miss=(f"near miss of {near.entry_id} at token {near.divergence}"
+                                                    + (f" in {near.segment}" if near.segment else ""))
+                                         if near is not None else None,
+                                         completion_tokens=completion, ttft_s=ttft,
                                          dialect=self.dialect.name,
                                          finish_reason=reason.value if reason is not None else None))
 
