@@ -35,14 +35,19 @@ from zllm.kvcache.retention import next_eviction
 from zllm.kvcache.row_index import RowTable
 from zllm.kvcache.set_aside import set_aside
 from zllm.kvcache.soundness import RowCheck, recover
-from zllm.kvcache.ssd_index import SnapshotInvalid, SnapshotRow, open_index, pack_tokens, token_sha256
+from zllm.kvcache.ssd_index import (
+    BLOB_SUFFIX,
+    SnapshotInvalid,
+    SnapshotRow,
+    blob_name,
+    open_index,
+    pack_tokens,
+    token_sha256,
+)
 from zllm.private_files import private_dir
 from zllm.token_prefix import common_prefix_length
 
 log = logging.getLogger("zllm.kvcache")
-
-BLOB_SUFFIX = ".zkv"
-
 
 @dataclass(frozen=True)
 class SnapshotJob:
@@ -66,8 +71,7 @@ class SnapshotMatch:
     hinted: bool = False
 
 
-def blob_file(generation: int) -> str:
-    return f"{generation:016x}{BLOB_SUFFIX}"
+blob_file = blob_name
 
 
 class SnapshotStore:
