@@ -14,7 +14,7 @@ one that another process holds locked cannot be set aside (it is in use): `Index
 
 The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__`), then checked against
 their blobs and parents at open and at every read (soundness.py); a row is inserted only after its blob is
-durable (ssd_tier.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
+durable (blob_commit.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
 one.
 """
 
