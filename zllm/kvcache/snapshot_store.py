@@ -174,7 +174,8 @@ class SnapshotStore:
         fails removes what it wrote. Skipped when a snapshot already holds its tokens."""
         packed = pack_tokens(job.tokens)
         with self._lock:
-            if job.id in self.rows or any(r.tokens.startswith(packed) for r in self.rows.candidates(job.namespace, packed)):
+            covered = any(r.tokens.startswith(packed) for r in self.rows.candidates(job.namespace, packed))
+            if job.id in self.rows or covered:
                 self.counters["writes_skipped"] += 1
                 return None
             generation, self._generation = self._generation, self._generation + 1

@@ -1,4 +1,5 @@
-"""Durability, not just atomicity: the one SSD store's real write path, for both backends' payloads, recorded step by step.
+"""Durability, not just atomicity: the one SSD store's real write path, for both backends'
+payloads, recorded step by step.
 
 A SIGKILL never loses the page cache, so the crash test (test_kv_crash_safety.py) would pass without a single
 fsync. Power loss does lose it; what survives it is what was fsynced before the step that depends on it. So

@@ -17,7 +17,8 @@ def test_a_generation_comes_from_a_file_name_only_within_bounds() -> None:
     assert generation_of(f"{GENERATION_LIMIT - 1:016x}.zkv", SUFFIXES) == GENERATION_LIMIT - 1
     for stray in (f"{GENERATION_LIMIT:016x}.zkv", "ffffffffffffffff.zkv",
                   "7fffffffffffffff.zkv", "000000000000002A.zkv", "2a.zkv",
-                  "000000000000002a.seqstate", "000000000000002a.safetensors", "000000000000002a", "notes.txt", "+00000000000002a.tmp"):
+                  "000000000000002a.seqstate", "000000000000002a.safetensors", "000000000000002a", "notes.txt",
+                  "+00000000000002a.tmp"):
         assert generation_of(stray, SUFFIXES) is None, stray
     assert generation_of("000000000000002a.seqstate", (".seqstate",)) == 42
 

@@ -1,4 +1,5 @@
-"""A failed SSD write leaves nothing behind, on the one store's real write path (blob_commit.py), with both backends' payloads.
+"""A failed SSD write leaves nothing behind, on the one store's real write path (blob_commit.py), with
+both backends' payloads.
 
 Whichever step of the commit fails — the blob write (disk full), its fsync, the rename, the directory fsync,
 the index insert or its COMMIT — the temporary and the final blob are gone at once, the index and the store's

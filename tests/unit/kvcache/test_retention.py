@@ -1,6 +1,6 @@
 """The main-conversation rule (kvcache/retention.py): the rule itself, and the tiers that choose their victims by
-it — the one device tier (on torch's KV here) and the one SSD store, with both backends' payloads (on llama.cpp's KV: tests/unit/runtime/
-test_main_conversation_kept.py, on a real engine)."""
+it — the one device tier (on torch's KV here) and the one SSD store, with both backends' payloads (on llama.cpp's
+KV: tests/unit/runtime/test_main_conversation_kept.py, on a real engine)."""
 
 import random
 

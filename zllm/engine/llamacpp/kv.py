@@ -2,8 +2,8 @@
 
 A running sequence is an engine sequence; a kept handle is the same sequence, taken over when its request finished
 (no copy); sharing a kept prefix is `engine.share` (seq_cp: the new sequence shares the cells). Room is counted in
-the pool's cells and answered in bytes (`bytes_per_token` each). The SSD tier (kvcache/snapshot_store.py) stores the sequence's
-exported state, loaded whole.
+the pool's cells and answered in bytes (`bytes_per_token` each). The SSD tier (kvcache/snapshot_store.py) stores
+the sequence's exported state, loaded whole.
 
 Kept handles dropped off the engine thread (a prune) give their cells back at the engine thread's next call:
 llama.cpp's memory is engine-thread only.
