@@ -23,7 +23,7 @@ from bench_args import drop_page_cache, model_parser, resolve_model_dir  # noqa:
 
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots  # noqa: E402
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotMatch, SnapshotStore  # noqa: E402
 
 CHUNK = 512
 
@@ -35,9 +35,10 @@ def recompute(engine, tokens: list[int]) -> tuple[float, object]:
     return time.perf_counter() - started, seq
 
 
-def restore(engine, store: SequenceSnapshots, row, length: int, last: int) -> float:
+def restore(engine, store: SnapshotStore, row, length: int, last: int) -> float:
     started = time.perf_counter()
-    seq = engine.import_state(store.read(row), row.length)
+    payload, _ = store.read(SnapshotMatch(row, length), 0)
+    seq = engine.import_state(payload, row.length)
     engine.crop(seq, length)
     engine.step([Row(seq, [last])])
     seconds = time.perf_counter() - started
@@ -54,12 +55,12 @@ def main() -> None:
     loaded = load_gguf_model(model_dir, threads=args.threads, context_length=max(sizes) + 64)
     engine, scratch = loaded.engine, Path(tempfile.mkdtemp(prefix="zllm-bench-ssd-"))
     try:
-        store = SequenceSnapshots(scratch, "bench", 1 << 40)
+        store = SnapshotStore(scratch, "bench", 1 << 40)
         for size in sizes:
             tokens = [(i * 7919) % (engine.vocab_size - 200) + 100 for i in range(size)]
             cold_s, seq = recompute(engine, tokens)
-            row = store.commit(SequenceJob(f"s{size}", "bench", "m", tuple(tokens), size, 1,
-                                           engine.export_state(seq)))
+            state = engine.export_state(seq)
+            row = store.commit(SnapshotJob(f"s{size}", "bench", "m", tuple(tokens), size, 1, lambda: state))
             engine.release(seq)
             drop_page_cache(scratch)
             restore_s = restore(engine, store, row, size - 1, tokens[-1])

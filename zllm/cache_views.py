@@ -94,7 +94,7 @@ class CacheEntry:
 @dataclass(frozen=True)
 class SsdStats:
     """The SSD tier's side of the stats (JSON: each field as `ssd_<field>`). The write/restore/eviction counters
-    are counted by the torch snapshot store only; None where a store does not count them (left out of JSON)."""
+    are counted by the SSD store (kvcache/snapshot_store.py); None where none counts them (left out of JSON)."""
 
     snapshots: int = 0
     bytes: int = 0

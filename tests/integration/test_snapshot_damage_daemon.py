@@ -133,12 +133,12 @@ def forge_row(kv: Path, assignments: str, *params) -> None:
 def forge_generation(kv: Path) -> None:
     (blob,) = (kv / "blobs").iterdir()
     forge_row(kv, "generation = ?", MAX_SQLITE)
-    blob.rename(blob.with_name(f"{MAX_SQLITE:016x}.safetensors"))
+    blob.rename(blob.with_name(f"{MAX_SQLITE:016x}.zkv"))
 
 
 def stray_file(kv: Path) -> None:
     (blob,) = (kv / "blobs").iterdir()
-    (kv / "blobs" / "ffffffffffffffff.safetensors").write_bytes(blob.read_bytes())
+    (kv / "blobs" / "ffffffffffffffff.zkv").write_bytes(blob.read_bytes())
 
 
 # damage, the reason the log gives once, (ssd_quarantined, ssd_strays), what quarantine/ keeps (None: the blob)
@@ -149,7 +149,7 @@ FORGERIES = {
                             "over 2097152 tokens", (1, 0), None),
     "forged-generation": (forge_generation, "generation 9223372036854775807 is out of bounds", (1, 1),
                           f"{MAX_SQLITE:016x}"),
-    "stray-max-generation": (stray_file, "blobs/ffffffffffffffff.safetensors", (0, 1), "ffffffffffffffff"),
+    "stray-max-generation": (stray_file, "blobs/ffffffffffffffff.zkv", (0, 1), "ffffffffffffffff"),
 }
 
 

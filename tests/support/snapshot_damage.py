@@ -49,15 +49,16 @@ def to_directory(blob: Path) -> None:
 
 
 def old_format(blob: Path) -> None:
-    """Rewrite a torch blob as the previous format wrote it: "zllm-kv-1", no tensor checksums."""
+    """Replace a blob's frame with an older zllm's (same payload, the index row's size kept right): torch's
+    safetensors "zllm-kv-2" header, so a reader that skipped the magic would find plausible sizes and tokens."""
     data = blob.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header["__metadata__"]
-    header["__metadata__"] = {"format": "zllm-kv-1", **{k: meta[k] for k in ("layout", "tokens", "token_sha256")}}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    blob.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + n:])
+    (n,) = struct.unpack_from("<I", data, 8)
+    header = json.loads(data[12:12 + n])
+    old = json.dumps({"__metadata__": {"format": "zllm-kv-2", "layout": header["layout"],
+                                       "tokens": str(header["tokens"]), "token_sha256": header["token_sha256"]}},
+                     separators=(",", ":")).encode()
+    old += b" " * (-len(old) % 8)
+    blob.write_bytes(struct.pack("<Q", len(old)) + old + data[12 + n:])
     db = sqlite3.connect(blob.parent.parent / "index.sqlite")  # as the old writer indexed it: its own size
     db.execute("UPDATE snapshots SET bytes = ? WHERE generation = ?", (blob.stat().st_size, int(blob.stem, 16)))
     db.commit()
@@ -87,4 +88,3 @@ BLOB_DAMAGE = {
     "old-format": lambda d: old_format(blobs(d)[0]),
 }
 INDEX_DAMAGE = {"garbage-index": garbage_index, "future-index": future_index}
-TORCH_ONLY = {"old-format"}  # llama.cpp's tier has checksummed its state since its first format

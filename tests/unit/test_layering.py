@@ -125,7 +125,9 @@ LIBRARY_FREE = {"engine/contract.py": {"torch", "transformers", "llama_cpp"},
                 "kvcache/prefix_cache.py": {"torch", "transformers", "llama_cpp"},
                 "kvcache/entry_graph.py": {"torch", "transformers", "llama_cpp"},
                 "kvcache/kv_interface.py": {"torch", "transformers", "llama_cpp"},
-                "kvcache/sequence_snapshots.py": {"torch", "llama_cpp"},
+                # the one SSD store and its format: bytes a backend exports, never tensors or engine sequences
+                "kvcache/snapshot_store.py": {"torch", "transformers", "llama_cpp"},
+                "kvcache/snapshot_frame.py": {"torch", "transformers", "llama_cpp"},
                 # the cache seam the runtime is typed against: both backends' caches fill it
                 "kvcache/contract.py": {"torch", "llama_cpp"}}
 

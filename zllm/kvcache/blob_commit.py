@@ -1,4 +1,4 @@
-"""One blob put under its index row, the same way for both SSD tiers (ssd_tier.py, sequence_snapshots.py).
+"""One blob put under its index row, the SSD store's way (snapshot_store.py).
 
     1. write <gen>.tmp and fsync it
     2. rename it to its final name, fsync the directory (the rename is on disk)

@@ -12,6 +12,7 @@ The unit of room is bytes: a backend that counts cells converts at `bytes_per_to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -88,38 +89,23 @@ class KVSequences(Protocol):
         """Bytes running rows hold now (zero whenever no request runs: a nonzero value then is a leak)."""
         ...
 
-    # ------------------------------------------------------------------ the SSD tier
+    # ------------------------------------------------------------------ the SSD tier (kvcache/snapshot_store.py)
 
-    def open_ssd_store(self, config: Any) -> Any:
-        """The backend's SSD snapshot store for `config.ssd_dir` (raises IndexLocked when another process has it)."""
+    # what makes an exported payload loadable (model, backend, KV types): a snapshot written for another is set aside
+    snapshot_layout: str
+    # bytes per token of an export when it is token-major (token t at [t * token_bytes, (t + 1) * token_bytes):
+    # a restore reads only the range it lacks); 0 when an export is loaded whole
+    token_bytes: int
+
+    def export(self, kept: Any, state: Any, length: int) -> Callable[[], Any]:
+        """Engine thread: what the SSD writer calls (on its own thread) for the payload of a finished request's
+        first `length` tokens (`kept`: its entry's handle, None when not kept; `state`: the request's KV)."""
         ...
 
-    def ssd_lookup(self, store: Any, namespace: str, prompt: tuple[int, ...], hint: str | None
-                   ) -> tuple[Any, Any]:
-        """(the snapshot sharing the longest prefix, the best diverging one): each with .row, .length, .hinted."""
-        ...
-
-    def ssd_cut(self, match: Any, length: int) -> Any:
-        """`match` restoring only its first `length` tokens."""
-        ...
-
-    def restore_bytes(self, match: Any, skip: int) -> int:
-        """Bytes a restore of `match` reads when the first `skip` tokens are there already."""
-        ...
-
-    def ssd_read(self, store: Any, running: Any, match: Any, skip: int) -> Any:
-        """Any thread: read the snapshot (torch: straight into the running sequence's buffers). Raises
-        SnapshotInvalid, the snapshot quarantined, when it is damaged."""
-        ...
-
-    def ssd_load(self, store: Any, running: Any, match: Any, read: Any) -> tuple[Any, int]:
-        """Engine thread: (the running sequence now holding the match's tokens, bytes read). Raises SnapshotInvalid
-        (after quarantining) when the engine refuses the state."""
-        ...
-
-    def snapshot_job(self, *, entry_id: str, namespace: str, model: str, tokens: tuple[int, ...],
-                     prompt_length: int, round: int, hint_key: str | None, kept: Any, state: Any) -> Any:
-        """The SSD writer's job for a finished request (`kept`: its entry's handle, None when not kept)."""
+    def load(self, running: Any, payload: Any, first: int, length: int, stored: int) -> Any:
+        """Engine thread: the running sequence now holding tokens [0, length), `payload` holding [first, length)
+        of a `stored`-token snapshot (token-major) or all of it (whole: cropped to `length`). Raises
+        SnapshotInvalid when the engine refuses it (the cache quarantines the snapshot)."""
         ...
 
     def check(self, kept: Any, length: int) -> None:

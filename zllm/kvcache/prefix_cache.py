@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -35,6 +35,7 @@ from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.entry_graph import Entry, EntryGraph, Lookup
 from zllm.kvcache.kv_interface import KVSequences
 from zllm.kvcache.retention import Newcomer, next_eviction
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
 from zllm.kvcache.ssd_index import SnapshotInvalid, unpack_tokens
 from zllm.kvcache.tiers import BaseLease, CacheTiers, open_ssd_tier
 
@@ -54,7 +55,9 @@ class PrefixCache(CacheTiers):
     def __init__(self, config: CacheConfig, kv: KVSequences, *, cost_key: str, budget_bytes: int | None = None,
                  decode: Callable[[Sequence[int]], str] | None = None):
         """`budget_bytes`: the device budget when the backend's pool bounds it below the config's."""
-        store, ssd_off = open_ssd_tier(partial(kv.open_ssd_store, config)) if config.ssd_dir else (None, None)
+        store, ssd_off = open_ssd_tier(partial(SnapshotStore, config.ssd_dir, kv.snapshot_layout,
+                                               config.ssd_budget_bytes, token_bytes=kv.token_bytes)) \
+            if config.ssd_dir else (None, None)
         super().__init__(config, store, cost_key, decode, ssd_off)
         self.kv = kv
         self.budget_bytes = config.device_budget_bytes if budget_bytes is None else budget_bytes
@@ -99,7 +102,7 @@ class PrefixCache(CacheTiers):
         when a blob is bad."""
         assert lease.pending is not None, "nothing to read"
         started = time.perf_counter()
-        read = self.kv.ssd_read(self.store, lease.kv, lease.pending, lease.cached_tokens)
+        read = self.store.read(lease.pending, lease.cached_tokens)  # (payload, the first token it holds)
         lease.restore_s = time.perf_counter() - started
         return read
 
@@ -111,8 +114,11 @@ class PrefixCache(CacheTiers):
         if not isinstance(outcome, BaseException):
             started = time.perf_counter()
             try:
-                lease.kv, nbytes = self.kv.ssd_load(self.store, lease.kv, match, outcome)
-            except SnapshotInvalid as exc:
+                payload, first = outcome
+                lease.kv = self.kv.load(lease.kv, payload, first, match.length, match.row.length)
+                nbytes = len(payload)
+            except SnapshotInvalid as exc:  # the engine refused the payload: set aside like a damaged blob
+                self.store.quarantine(match.row, str(exc))
                 outcome = exc
             else:
                 lease.restore_s += time.perf_counter() - started
@@ -225,7 +231,7 @@ class PrefixCache(CacheTiers):
             assert self.kv.held_bytes() + self.kv.pool_bytes() <= max(self.budget_bytes, self.kv.pool_bytes()), \
                 "the budget holds"
         self.flush()
-        if self.store is not None and hasattr(self.store, "check_integrity"):
+        if self.store is not None:
             self.store.check_integrity()
 
     def close(self) -> None:
@@ -265,12 +271,12 @@ class PrefixCache(CacheTiers):
         near-miss log). Memory only: the index is mirrored in RAM."""
         if self.store is None or lease.cached_tokens >= limit:
             return None, None
-        match, diverged = self.kv.ssd_lookup(self.store, lease.namespace, lease.prompt, lease.hint)
+        match, diverged = self.store.lookup(lease.namespace, lease.prompt, lease.hint)
         if match is None or min(match.length, limit) <= lease.cached_tokens:
             return None, diverged
-        match = self.kv.ssd_cut(match, min(match.length, limit))
+        match = replace(match, length=min(match.length, limit))
         if not self.cost.restore_pays(match.length - lease.cached_tokens,
-                                      self.kv.restore_bytes(match, lease.cached_tokens)):
+                                      self.store.read_bytes(match, lease.cached_tokens)):
             with self._lock:
                 self.counters.ssd_not_worth_it += 1
             return None, diverged
@@ -325,10 +331,9 @@ class PrefixCache(CacheTiers):
                          entry_id: str, prompt_length: int, hint_key: str | None) -> None:
         if self.writer is None or len(sequence) < self.config.ssd_min_tokens or self.writer.full():
             return
-        self.writer.submit(self.kv.snapshot_job(
-            entry_id=entry_id, namespace=lease.namespace, model=self.config.model, tokens=sequence,
-            prompt_length=prompt_length, round=lease.round, hint_key=hint_key,
-            kept=entry.kv if entry is not None else None, state=state))
+        export = self.kv.export(entry.kv if entry is not None else None, state, len(sequence))
+        self.writer.submit(SnapshotJob(entry_id, lease.namespace, self.config.model, sequence, prompt_length,
+                                       lease.round, export, hint_key))
 
     def _make_room(self, need: int, newcomer: Newcomer | None = None) -> None:
         """Evict entries until the kept entries, the running pool and `need` more bytes fit the budget (and the

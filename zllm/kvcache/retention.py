@@ -15,8 +15,8 @@ none was continued yet, the longest — is that namespace's main conversation, a
 
 One state per namespace is protected, so the rule cannot pin the budget with more than a conversation per
 caller, and a protected state is still evicted when a running request needs the room (a request must run).
-The device tier (prefix_cache.py, on either backend's KV) and both SSD stores
-(ssd_maintenance.py, sequence_snapshots.py) choose their victims here.
+The device tier (prefix_cache.py, on either backend's KV) and the one SSD store
+(snapshot_store.py) choose their victims here.
 """
 
 from __future__ import annotations

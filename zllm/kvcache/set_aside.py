@@ -1,6 +1,6 @@
 """Moving damaged SSD-tier files out of service without deleting them: both tiers' quarantine.
 
-    set_aside(blobs / "0000000000000007.safetensors", quarantine_dir)   # file, directory or link alike
+    set_aside(blobs / "0000000000000007.zkv", quarantine_dir)   # file, directory or link alike
 
 A set-aside entry gets a unique name (a later snapshot of the same generation, or an index set aside twice,
 never overwrites the evidence) and only the newest `QUARANTINE_KEEP` are kept, so a disk that keeps failing

@@ -1,7 +1,7 @@
 """The SSD tiers' one soundness check: an index row is trusted only once it agrees with its blob, at open and
-again at every read. Both tiers (ssd_tier.py for tensors, sequence_snapshots.py for llama.cpp states) use it.
+again at every read. The one SSD store (snapshot_store.py) uses it.
 
-    check = RowCheck(blobs_dir, ".safetensors", chains=True, bytes_per_token=layout.bytes_per_token)
+    check = RowCheck(blobs_dir, ".zkv", chains=False, bytes_per_token=token_bytes)
     found = recover(index, check, quarantine_dir)   # at open: rows to trust, what was set aside, next generation
     reason = check(row, rows)                       # at read: None, or why the row is no longer trusted
 
@@ -47,7 +47,7 @@ def generation_sound(generation: object) -> bool:
 
 def generation_of(name: str, suffixes: tuple[str, ...]) -> int | None:
     """The generation a blob or temp file name stands for; None when it is not a name this tier writes or its
-    generation is out of bounds (`ffffffffffffffff.safetensors` included)."""
+    generation is out of bounds (`ffffffffffffffff.zkv` included)."""
     stem, dot, suffix = name.partition(".")
     if not dot or f".{suffix}" not in suffixes or len(stem) != NAME_DIGITS or stem.strip("0123456789abcdef"):
         return None

@@ -4,7 +4,7 @@ A snapshot's KV is its parent's first `parent_len` tokens (recursively) followed
 holds tokens [parent_len, length). Conversations therefore store each turn's new tokens once:
 
     snapshots(id TEXT PRIMARY KEY, namespace, model, parent NULL|id, parent_len, tokens BLOB (int32 LE, the
-              full sequence), generation (→ blobs/<generation>.safetensors), bytes (blob file size), round,
+              full sequence), generation (→ blobs/<generation>.zkv), bytes (blob file size), round,
               hint_key, created, last_used, hits)
     meta(key TEXT PRIMARY KEY, value TEXT)    e.g. measured restore/recompute rates
 
@@ -14,7 +14,7 @@ one that another process holds locked cannot be set aside (it is in use): `Index
 
 The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__`), then checked against
 their blobs and parents at open and at every read (soundness.py); a row is inserted only after its blob is
-durable (ssd_tier.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
+durable (blob_commit.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
 one.
 """
 
@@ -105,8 +105,11 @@ class SnapshotRow:
         return blob_name(self.generation)
 
 
+BLOB_SUFFIX = ".zkv"  # one snapshot format (snapshot_frame.py); older formats had their own suffixes
+
+
 def blob_name(generation: int) -> str:
-    return f"{generation:016x}.safetensors"
+    return f"{generation:016x}{BLOB_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def open_ssd_tier(open_store: Callable[[], Store]) -> tuple[Store | None, str | 
 class CacheTiers:
     def __init__(self, config, store, cost_key: str, decode: Callable[[Sequence[int]], str] | None,
                  ssd_off: str | None = None):
-        """`store`: the SSD tier (a SnapshotStore or SequenceSnapshots), None without one; `ssd_off`: why a
+        """`store`: the SSD tier (snapshot_store.SnapshotStore), None without one; `ssd_off`: why a
         configured SSD tier could not be opened (reported in the stats)."""
         self.config = config
         self.ssd_off = ssd_off

@@ -1,7 +1,8 @@
 """The snapshot writer thread: SSD writes happen here, never on the engine thread.
 
-The engine thread hands over a `SnapshotJob` whose tensors it no longer mutates (the device tier's node
-spans, which are immutable once inserted, or a clone) and moves on. The queue is bounded: when the disk
+The engine thread hands over a `SnapshotJob` whose export reads only what the engine no longer mutates (torch:
+the device tier's node spans, immutable once inserted, or a clone; llama.cpp: a copy of the state) and moves
+on; the export itself (serialising tensors) runs here. The queue is bounded: when the disk
 falls behind, new jobs are dropped (counted, logged at debug) rather than holding device memory hostage
 or stalling generation; the device tier still has them, and the next turn will be written anyway.
 """
@@ -20,7 +21,7 @@ class SnapshotJob(Protocol):
 
 
 class SnapshotStore(Protocol):
-    """What the writer asks of an SSD tier (the torch backend's SnapshotStore, llama.cpp's SequenceSnapshots)."""
+    """What the writer asks of the SSD store (snapshot_store.py)."""
 
     def commit(self, job: SnapshotJob) -> None: ...
 

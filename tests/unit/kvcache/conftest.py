@@ -83,3 +83,33 @@ def span_bytes(cache) -> int:
     from zllm.engine.torch.cache.state import state_tensors, storage_bytes
 
     return storage_bytes(t for tree in cache.kv.trees.values() for n in tree.nodes() for t in state_tensors(n.kv))
+
+
+def torch_store(directory, budget_bytes: int = 1 << 30, **kwargs):
+    """The one SSD store as the torch backend opens it over the synthetic layout (token-major payloads)."""
+    from zllm.kvcache.snapshot_store import SnapshotStore
+
+    return SnapshotStore(directory, LAYOUT.key, budget_bytes, token_bytes=LAYOUT.bytes_per_token, **kwargs)
+
+
+def torch_job(job_id: str, tokens, *, namespace: str = "ns", prompt_length=None, round_: int = 1,
+              hint_key=None):
+    """A snapshot job whose payload is the torch backend's export of the synthetic KV for `tokens`."""
+    from functools import partial
+
+    from zllm.engine.torch.cache.kv import token_major_bytes
+    from zllm.kvcache.snapshot_store import SnapshotJob
+
+    tokens = tuple(tokens)
+    return SnapshotJob(job_id, namespace, "model", tokens, len(tokens) if prompt_length is None else prompt_length,
+                       round_, partial(token_major_bytes, (synthetic_state(tokens),), len(tokens)), hint_key)
+
+
+def restore_state(store, match, *, skip: int = 0, room: int = 8) -> KVState:
+    """What a restore leaves in a running sequence: the match's tokens [skip, length) read and loaded by the
+    torch backend's KV into empty buffers (positions before `skip` stay zero)."""
+    from zllm.engine.torch.cache.kv import TorchKV
+
+    dest = LAYOUT.empty(match.length + room)
+    payload, first = store.read(match, skip)
+    return TorchKV(LAYOUT, "cpu").load(dest, payload, first, match.length, match.row.length)

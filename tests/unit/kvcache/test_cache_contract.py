@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.backends import BACKENDS
 from tests.support.cache_contract import contract_backend
-from tests.support.snapshot_damage import BLOB_DAMAGE, INDEX_DAMAGE, TORCH_ONLY, blobs
+from tests.support.snapshot_damage import BLOB_DAMAGE, INDEX_DAMAGE, blobs
 from zllm.control.served import ServedCache
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import CacheLease, KVPrefixCache
@@ -297,8 +297,6 @@ def test_damage_is_set_aside_and_served_cold(backend, tmp_path, damage, caplog) 
     opens, never serves the damaged snapshot (the prompt runs cold and its logits are a cold prefill's), says
     what it set aside (stats, log, the lease's `rejected` when found at read), keeps the blob in quarantine/
     (never deleted for damage), and writes go on."""
-    if damage in TORCH_ONLY and backend.name != "torch":
-        pytest.skip("llama.cpp's tier has checksummed its state since its first format")
     cache = backend.cache(tmp_path / "kv")
     for n, conversation in enumerate(CONVERSATIONS):
         backend.run(cache, conversation, f"c{n}")

@@ -2,7 +2,7 @@
 cleanly, shows no partial snapshot, and restores every snapshot it shows exactly.
 
 The writer is a forked child (no interpreter start-up per trial, so many trials fit in seconds) that commits
-chained snapshots under a tight size bound (so eviction's deletes get killed too). Deterministic trials kill it
+snapshots sharing prefixes under a tight size bound (so eviction's deletes get killed too). Deterministic trials kill it
 at each step of the commit protocol; random trials kill it after a random delay.
 """
 
@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state
-from zllm.engine.torch.cache.pool import BufferPool
-from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from tests.unit.kvcache.conftest import assert_state_equal, random_tokens, restore_state, torch_job, torch_store
+from zllm.kvcache.snapshot_store import SnapshotMatch
 from zllm.kvcache.ssd_index import unpack_tokens
 
 BUDGET = 1 << 20  # ~20 snapshots: eviction (row delete, then file delete) runs, and gets killed, too
@@ -31,13 +30,12 @@ def write_forever(directory, seed: int, die_at: str | None) -> None:
         if stage == die_at and commits["n"] >= 2:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    store = SnapshotStore(directory, LAYOUT, BUDGET, crash_hook=hook)
+    store = torch_store(directory, BUDGET, crash_hook=hook)
     stems = [random_tokens(200, rng) for _ in range(3)]
     for i in range(10_000):
         stem = rng.choice(stems)
         tokens = stem[:rng.randrange(50, 200)] + random_tokens(rng.randrange(1, 100), rng)
-        store.commit(SnapshotJob(f"s{seed}-{i}", "ns", "m", tokens, len(tokens), 1,
-                                 ((0, synthetic_state(tokens)),)))
+        store.commit(torch_job(f"s{seed}-{i}", tokens))
         commits["n"] += 1
 
 
@@ -56,14 +54,11 @@ def run_child(directory, seed: int, die_at: str | None, kill_after: float | None
 
 
 def assert_store_is_whole(directory) -> int:
-    store = SnapshotStore(directory, LAYOUT, BUDGET)
+    store = torch_store(directory, BUDGET)
     try:
         store.check_integrity()  # no tmp or orphan files, every row's blob validates, bytes add up
-        pool = BufferPool(LAYOUT, "cpu")
         for row in store.snapshots():
-            dest = LAYOUT.empty(row.length)
-            store.restore(SsdMatch(row, row.length), dest, pool)
-            assert_state_equal(dest, unpack_tokens(row.tokens))
+            assert_state_equal(restore_state(store, SnapshotMatch(row, row.length)), unpack_tokens(row.tokens))
         return len(store.snapshots())
     finally:
         store.close()

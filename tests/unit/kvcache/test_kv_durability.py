@@ -1,4 +1,5 @@
-"""Durability, not just atomicity: both SSD tiers' real write path, recorded step by step.
+"""Durability, not just atomicity: the one SSD store's real write path, for both backends'
+payloads, recorded step by step.
 
 A SIGKILL never loses the page cache, so the crash test (test_kv_crash_safety.py) would pass without a single
 fsync. Power loss does lose it; what survives it is what was fsynced before the step that depends on it. So
@@ -13,9 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
-from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
+from tests.unit.kvcache.conftest import random_tokens, torch_job, torch_store
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
 
 TOKENS = random_tokens(300)
 
@@ -58,21 +58,22 @@ def assert_full_sync(store) -> None:
 
 
 def test_tensor_tier_fsyncs_blob_then_renames_then_fsyncs_the_directory_then_commits(tmp_path, monkeypatch) -> None:
-    store = SnapshotStore(tmp_path / "kv", LAYOUT, 1 << 30)
+    store = torch_store(tmp_path / "kv")
     assert_full_sync(store)
     events = record_write_path(monkeypatch, store)
-    row = store.commit(SnapshotJob("snap", "ns", "m", TOKENS, 300, 1, ((0, synthetic_state(TOKENS)),)))
+    row = store.commit(torch_job("snap", TOKENS))
     store.index._db.set_trace_callback(None)
     assert_durable_order(events, store.blobs, store.blobs / row.blob_name)
     store.close()
 
 
 def test_sequence_tier_fsyncs_blob_then_renames_then_fsyncs_the_directory_then_commits(tmp_path, monkeypatch) -> None:
-    store = SequenceSnapshots(tmp_path / "kv-llamacpp", "layout", 1 << 30)
+    store = SnapshotStore(tmp_path / "kv-llamacpp", "layout", 1 << 30)
     assert_full_sync(store)
     events = record_write_path(monkeypatch, store)
-    row = store.commit(SequenceJob("snap", "ns", "m", TOKENS, 300, 1, os.urandom(100_000)))
+    state = os.urandom(100_000)
+    row = store.commit(SnapshotJob("snap", "ns", "m", TOKENS, 300, 1, lambda: state))
     store.index._db.set_trace_callback(None)
-    final = store.blobs / f"{row.generation:016x}.seqstate"
+    final = store.blobs / row.blob_name
     assert_durable_order(events, store.blobs, final)
     store.close()

@@ -63,7 +63,7 @@ def test_random_aborts_leave_exactly_the_retained_entries_bytes() -> None:
     assert cache.kv.pool.bytes == cache.kv.pool.idle_bytes()  # one working set, idle; nothing leaked
 
 
-def test_ssd_tier_survives_a_restart_and_chains_turns(tmp_path) -> None:
+def test_ssd_tier_survives_a_restart_and_keeps_each_turn_whole(tmp_path) -> None:
     cache = make_cache(tmp_path)
     prompt, output = random_tokens(300), random_tokens(20, random.Random(1))
     serve(cache, prompt, output, rid="t1")
@@ -71,7 +71,7 @@ def test_ssd_tier_survives_a_restart_and_chains_turns(tmp_path) -> None:
     serve(cache, turn2, random_tokens(5, random.Random(3)), rid="t2")
     cache.flush()
     rows = {r.id: r for r in cache.store.snapshots()}
-    assert rows["t2"].parent == "t1" and rows["t2"].parent_len == 319  # turn 2 stored only its new tokens
+    assert rows["t2"].parent is None and rows["t2"].length == len(turn2) + 4  # whole: one file per restore
     cache.check_integrity()
     cache.close()
 

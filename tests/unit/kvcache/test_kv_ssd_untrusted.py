@@ -1,32 +1,28 @@
-"""Disk is untrusted: corrupted, truncated and forged snapshots are rejected — a miss, never a crash — before
-anything is allocated for them (damage in the tensor data itself: before any of it is copied, by the tensor
-checksums), and quarantined (with the snapshots built on them)."""
+"""Disk is untrusted: corrupted, truncated and forged snapshots of the one format (kvcache/snapshot_frame.py) are
+rejected — a miss, never a crash — before a byte reaches the backend (damage in the payload itself: by the chunk
+checksums), and quarantined. Torch payloads here; the damage matrix on both backends is test_cache_contract.py."""
 
 import json
 import sqlite3
 import struct
 
 import pytest
-from safetensors import safe_open
 
-from tests.unit.kvcache.conftest import LAYOUT, assert_state_equal, random_tokens, synthetic_state, torch_cache
-from zllm.engine.torch.cache.pool import BufferPool
+from tests.unit.kvcache.conftest import assert_state_equal, random_tokens, restore_state, torch_cache, torch_job
+from tests.unit.kvcache.conftest import torch_store
+from zllm.kvcache import snapshot_frame
 from zllm.kvcache.prefix_cache import PrefixCache
-from zllm.engine.torch.cache.ssd_format import (
-    CHUNK_TOKENS,
-    MAX_CHECKSUMS,
-    MAX_HEADER_BYTES,
-    SnapshotInvalid,
-    chunk_tokens_for,
-)
-from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
+from zllm.kvcache.snapshot_frame import CHUNK_BYTES, DIGITS, MAX_HEADER, PREFIX
+from zllm.kvcache.snapshot_store import SnapshotMatch
+from zllm.kvcache.ssd_index import SnapshotInvalid
 
 TOKENS = random_tokens(200)
+BPT = 512
 
 
 def write_snapshot(directory) -> str:
-    store = SnapshotStore(directory, LAYOUT, 1 << 30)
-    row = store.commit(SnapshotJob("snap", "ns", "m", TOKENS, 200, 1, ((0, synthetic_state(TOKENS)),)))
+    store = torch_store(directory)
+    row = store.commit(torch_job("snap", TOKENS))
     store.close()
     return row.blob_name
 
@@ -35,12 +31,16 @@ def open_cache(directory) -> PrefixCache:
     return torch_cache(1 << 24, ssd_dir=directory, ssd_min_tokens=1)
 
 
+def header_length(data: bytes) -> int:
+    return struct.unpack_from("<I", data, 8)[0]
+
+
 def rewrite_header(path, edit) -> None:
     """Replace the JSON header with `edit(header)` and fix the index's size for the file (a thorough forger)."""
     data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    encoded = json.dumps(edit(json.loads(data[8:8 + n])), separators=(",", ":")).encode()
-    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + n:])
+    n = header_length(data)
+    encoded = json.dumps(edit(json.loads(data[PREFIX:PREFIX + n]))).encode()
+    path.write_bytes(data[:8] + struct.pack("<I", len(encoded)) + encoded + data[PREFIX + n:])
     fix_indexed_size(path)
 
 
@@ -51,22 +51,25 @@ def fix_indexed_size(path) -> None:
     db.close()
 
 
-def first_tensor(header) -> dict:
-    return header["0.0"]
+def payload_start(path) -> int:
+    return PREFIX + header_length(path.read_bytes())
 
 
 CORRUPTIONS = {
-    "huge header length": lambda p: p.write_bytes(struct.pack("<Q", 1 << 62) + p.read_bytes()[8:]),
+    "huge header length": lambda p: p.write_bytes(p.read_bytes()[:8] + struct.pack("<I", (1 << 32) - 1)
+                                                  + p.read_bytes()[PREFIX:]),
     "trailing bytes": lambda p: (p.write_bytes(p.read_bytes() + b"\0" * 64), fix_indexed_size(p)),
-    "short data": lambda p: (p.write_bytes(p.read_bytes()[:-512]), fix_indexed_size(p)),
-    "header not json": lambda p: p.write_bytes(p.read_bytes()[:8] + b"\xff" * 32 + p.read_bytes()[40:]),
-    "huge shape": lambda p: rewrite_header(p, lambda h: {**h, "0.0": {**first_tensor(h), "shape": [1 << 40, 1, 2, 16]}}),
-    "wrong dtype": lambda p: rewrite_header(p, lambda h: {**h, "0.0": {**first_tensor(h), "dtype": "F16"}}),
-    "overlapping offsets": lambda p: rewrite_header(p, lambda h: {**h, "0.1": {**h["0.1"], "data_offsets": h["0.0"]["data_offsets"]}}),
-    "bool in shape": lambda p: rewrite_header(p, lambda h: {**h, "0.0": {**first_tensor(h), "shape": [200, True, 2, 16]}}),
-    "other tokens": lambda p: rewrite_header(p, lambda h: {**h, "__metadata__": {**h["__metadata__"], "token_sha256": "0" * 64}}),
-    "other layout": lambda p: rewrite_header(p, lambda h: {**h, "__metadata__": {**h["__metadata__"], "layout": "f" * 16}}),
-    "missing tensor": lambda p: rewrite_header(p, lambda h: {k: v for k, v in h.items() if k != "1.1"}),
+    "short data": lambda p: (p.write_bytes(p.read_bytes()[:-64]), fix_indexed_size(p)),
+    "header not json": lambda p: p.write_bytes(p.read_bytes()[:PREFIX] + b"\xff" * 32 + p.read_bytes()[PREFIX + 32:]),
+    "header not an object": lambda p: rewrite_header(p, lambda h: [h]),
+    "other magic": lambda p: p.write_bytes(b"ZLLMSEQ1" + p.read_bytes()[8:]),
+    "other tokens": lambda p: rewrite_header(p, lambda h: {**h, "token_sha256": "0" * 64}),
+    "other layout": lambda p: rewrite_header(p, lambda h: {**h, "layout": "f" * 16}),
+    "other token bytes": lambda p: rewrite_header(p, lambda h: {**h, "token_bytes": 256}),
+    "payload size lies": lambda p: rewrite_header(p, lambda h: {**h, "payload_bytes": h["payload_bytes"] + 1}),
+    "other chunk size": lambda p: rewrite_header(p, lambda h: {**h, "chunk_bytes": 4096}),
+    "checksums cut short": lambda p: rewrite_header(p, lambda h: {**h, "xxh3_64": h["xxh3_64"][:-DIGITS]}),
+    "checksums missing": lambda p: rewrite_header(p, lambda h: {k: v for k, v in h.items() if k != "xxh3_64"}),
 }
 
 
@@ -75,10 +78,9 @@ def test_corrupt_blob_is_a_miss_and_quarantined(tmp_path, name) -> None:
     directory = tmp_path / "kv"
     blob = directory / "blobs" / write_snapshot(directory)
     CORRUPTIONS[name](blob)
-    cache = open_cache(directory)  # the file's size matches the index: only reading the header can tell
+    cache = open_cache(directory)  # the file's size matches the index: only reading the frame can tell
     lease = cache.acquire("ns", TOKENS + (1,), max_new_tokens=1)
-    assert (lease.cached_tokens, lease.tier) == (0, "cold")
-    assert cache.kv.pool._staging is None  # validation failed before any buffer was sized from the file
+    assert (lease.cached_tokens, lease.tier) == (0, "cold") and "set aside" in lease.rejected
     cache.release(lease)
     assert cache.store.snapshots() == [] and [p.name.split(".")[0] for p in (directory / "quarantine").iterdir()] \
         == [blob.name.split(".")[0]]
@@ -98,7 +100,7 @@ def test_files_that_changed_size_are_quarantined_on_open(tmp_path, damage) -> No
         blob.write_bytes(data + b"\0" * 64)
     else:
         blob.unlink()
-    store = SnapshotStore(directory, LAYOUT, 1 << 30)
+    store = torch_store(directory)
     assert store.snapshots() == [] and store.lookup("ns", TOKENS) == (None, None)
     store.check_integrity()
     store.close()
@@ -126,29 +128,15 @@ def test_forged_index_rows_are_dropped_on_open(tmp_path) -> None:
         ("loop", "ns", "m", "loop", 5, b"\0" * 40, 101, 10, 1, 0, None, 0.0, 0.0, 0),  # its own parent
         ("orphan", "ns", "m", "nobody", 5, b"\0" * 40, 102, 10, 1, 0, None, 0.0, 0.0, 0),
         ("text", "ns", "m", None, 0, "not a blob", 103, 10, 1, 0, None, 0.0, 0.0, 0),
-        ("lies", "ns", "m", "snap", 150, b"\x07" * 800, 104, 10, 1, 0, None, 0.0, 0.0, 0),  # tokens disagree
+        ("chained", "ns", "m", "snap", 150, b"\x07" * 800, 104, 10, 1, 0, None, 0.0, 0.0, 0),  # this store chains none
     ]
     db.executemany(f"INSERT INTO snapshots ({columns}) VALUES ({', '.join('?' * 14)})", forged)
     db.commit()
     db.close()
-    store = SnapshotStore(directory, LAYOUT, 1 << 30)
+    store = torch_store(directory)
     assert [r.id for r in store.snapshots()] == ["snap"]
     store.check_integrity()
     store.close()
-
-
-def test_blobs_are_standard_safetensors(tmp_path) -> None:
-    directory = tmp_path / "kv"
-    blob = directory / "blobs" / write_snapshot(directory)
-    with safe_open(str(blob), framework="pt") as f:
-        keys = f.get_tensor("0.0")  # token-major: [tokens, 1, kv_heads, head_dim]
-        assert f.metadata()["tokens"] == "200"
-    assert_state_equal(((keys.movedim(0, -2), keys.movedim(0, -2).neg()),) + synthetic_state(TOKENS)[1:], TOKENS)
-
-
-def data_start(path) -> int:
-    (n,) = struct.unpack("<Q", path.read_bytes()[:8])
-    return 8 + n
 
 
 def damage_bytes(path, offset: int, new: bytes) -> None:
@@ -161,31 +149,18 @@ def flip_bit(path, offset: int) -> None:
     damage_bytes(path, offset, bytes([path.read_bytes()[offset] ^ 4]))
 
 
-def old_format(header: dict) -> dict:
-    """The header as the previous format wrote it: "zllm-kv-1", no tensor checksums."""
-    meta = {k: v for k, v in header["__metadata__"].items() if k not in ("chunk_tokens", "xxh3_64")}
-    return {**header, "__metadata__": {**meta, "format": "zllm-kv-1"}}
-
-
-def cut_checksums(header: dict) -> dict:
-    meta = header["__metadata__"]
-    return {**header, "__metadata__": {**meta, "xxh3_64": meta["xxh3_64"][:-16]}}
-
-
-TENSOR_DAMAGE = {  # the header is intact and the size unchanged: only the tensor checksums can tell
-    "one bit flipped": lambda p: flip_bit(p, data_start(p) + 5000),
-    "NaNs over a tensor": lambda p: damage_bytes(p, data_start(p), struct.pack("<f", float("nan")) * 200 * 32),
+PAYLOAD_DAMAGE = {  # the frame is intact and the size unchanged: only the chunk checksums can tell
+    "one bit flipped": lambda p: flip_bit(p, payload_start(p) + 5000),
+    "NaNs over a token's KV": lambda p: damage_bytes(p, payload_start(p), struct.pack("<f", float("nan")) * 128),
     "last byte": lambda p: flip_bit(p, p.stat().st_size - 1),
-    "format without checksums": lambda p: rewrite_header(p, old_format),
-    "checksums cut short": lambda p: rewrite_header(p, cut_checksums),
 }
 
 
-@pytest.mark.parametrize("name", sorted(TENSOR_DAMAGE))
-def test_damaged_tensor_bytes_are_a_miss_and_quarantined(tmp_path, name) -> None:
+@pytest.mark.parametrize("name", sorted(PAYLOAD_DAMAGE))
+def test_damaged_payload_bytes_are_a_miss_and_quarantined(tmp_path, name) -> None:
     directory = tmp_path / "kv"
     blob = directory / "blobs" / write_snapshot(directory)
-    TENSOR_DAMAGE[name](blob)
+    PAYLOAD_DAMAGE[name](blob)
     cache = open_cache(directory)
     lease = cache.acquire("ns", TOKENS + (1,), max_new_tokens=1)
     assert (lease.cached_tokens, lease.tier) == (0, "cold") and "set aside" in lease.rejected
@@ -196,30 +171,25 @@ def test_damaged_tensor_bytes_are_a_miss_and_quarantined(tmp_path, name) -> None
     cache.close()
 
 
-def test_a_prefix_restore_checks_the_chunks_it_reads_and_only_those(tmp_path) -> None:
-    """Chunks are CHUNK_TOKENS long: damage in the last chunk does not cost a restore of the first 100 tokens
-    (nothing damaged is copied), damage in the first chunk does."""
+def test_a_prefix_restore_checks_the_chunks_it_reads_and_only_those(tmp_path, monkeypatch) -> None:
+    """With chunks of 100 tokens: damage at token 590 does not cost a restore of the first 100 tokens (nothing
+    damaged is returned), damage at token 10 does."""
+    monkeypatch.setattr(snapshot_frame, "CHUNK_BYTES", 100 * BPT)
     tokens = random_tokens(600)
     directory = tmp_path / "kv"
-    store = SnapshotStore(directory, LAYOUT, 1 << 30)
-    row = store.commit(SnapshotJob("long", "ns", "m", tokens, 600, 1, ((0, synthetic_state(tokens)),)))
+    store = torch_store(directory)
+    row = store.commit(torch_job("long", tokens))
     blob = directory / "blobs" / row.blob_name
-    per_token = LAYOUT.layers[0][0].row_bytes
-    damage_bytes(blob, data_start(blob) + 590 * per_token, b"\xff" * 8)  # layer 0's keys, token 590
-    pool = BufferPool(LAYOUT, "cpu")
-    dest = LAYOUT.empty(100)
-    store.restore(SsdMatch(row, 100), dest, pool)
-    assert_state_equal(dest, tokens, 100)
-    damage_bytes(blob, data_start(blob) + 10 * per_token, b"\xff" * 8)  # token 10: inside what is restored
+    damage_bytes(blob, payload_start(blob) + 590 * BPT, b"\xff" * 8)
+    assert_state_equal(restore_state(store, SnapshotMatch(row, 100)), tokens, 100)
+    damage_bytes(blob, payload_start(blob) + 10 * BPT, b"\xff" * 8)  # token 10: inside what is restored
     with pytest.raises(SnapshotInvalid, match="checksum"):
-        store.restore(SsdMatch(row, 100), LAYOUT.empty(100), pool)
+        store.read(SnapshotMatch(row, 100), 0)
     assert store.snapshots() == [] and store.stats().quarantined == 1
     store.close()
 
 
-def test_long_blobs_get_longer_chunks_so_the_header_stays_bounded() -> None:
-    for tokens, tensors in ((600, 4), (32_768, 128), (1 << 21, 128)):
-        chunk = chunk_tokens_for(tokens, tensors)
-        assert chunk >= CHUNK_TOKENS and -(-tokens // chunk) * tensors <= MAX_CHECKSUMS
-        assert -(-tokens // chunk) * tensors * 16 <= MAX_HEADER_BYTES // 2  # the checksums leave room for the rest
-    assert chunk_tokens_for(600, 4) == CHUNK_TOKENS
+def test_the_header_has_room_for_the_checksums_of_a_large_snapshot() -> None:
+    """128K tokens of a 70B-class model's KV (~320 KB a token in f16): about 40 GB, its checksums well inside."""
+    payload = (128 << 10) * (320 << 10)
+    assert -(-payload // CHUNK_BYTES) * DIGITS + 1024 <= MAX_HEADER // 4

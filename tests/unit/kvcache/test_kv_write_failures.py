@@ -1,4 +1,5 @@
-"""A failed SSD write leaves nothing behind, on both tiers' real write path (blob_commit.py).
+"""A failed SSD write leaves nothing behind, on the one store's real write path (blob_commit.py), with
+both backends' payloads.
 
 Whichever step of the commit fails — the blob write (disk full), its fsync, the rename, the directory fsync,
 the index insert or its COMMIT — the temporary and the final blob are gone at once, the index and the store's
@@ -19,43 +20,43 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.kvcache.conftest import LAYOUT, random_tokens, synthetic_state
-from zllm.engine.torch.cache import ssd_format
-from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore
-from zllm.kvcache import sequence_snapshots
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots, blob_file
+from tests.unit.kvcache.conftest import random_tokens, torch_job, torch_store
+from zllm.kvcache import snapshot_store
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
 
 STEPS = ("blob-write", "blob-fsync", "rename", "dir-fsync", "index-insert", "index-commit")
 
 
 @dataclass
 class Tier:
-    """One SSD tier's store and how its jobs and blob names look."""
+    """The one store with one backend's payloads (torch's token-major tensors, or an opaque state blob)."""
 
-    store: SnapshotStore | SequenceSnapshots
-    writer_module: object  # the module whose `open` writes the blob
+    store: SnapshotStore
+    payload: str  # "tensor" or "state"
+    writer_module: object = snapshot_store  # the module whose `open` writes the blob
 
     def job(self, job_id: str, tokens: tuple[int, ...]):
-        if isinstance(self.store, SnapshotStore):
-            return SnapshotJob(job_id, "ns", "m", tokens, len(tokens), 1, ((0, synthetic_state(tokens)),))
-        return SequenceJob(job_id, "ns", "m", tokens, len(tokens), 1, os.urandom(50_000))
+        if self.payload == "tensor":
+            return torch_job(job_id, tokens)
+        state = os.urandom(50_000)
+        return SnapshotJob(job_id, "ns", "m", tokens, len(tokens), 1, lambda: state)
 
     def blob_name(self, row) -> str:
-        return row.blob_name if isinstance(self.store, SnapshotStore) else blob_file(row.generation)
+        return row.blob_name
 
     def reopen(self):
         self.store.close()
-        if isinstance(self.store, SnapshotStore):
-            return SnapshotStore(self.store.directory, LAYOUT, 1 << 30)
-        return SequenceSnapshots(self.store.directory, "layout", 1 << 30)
+        if self.payload == "tensor":
+            return torch_store(self.store.directory)
+        return SnapshotStore(self.store.directory, "layout", 1 << 30)
 
 
-@pytest.fixture(params=["tensor", "sequence"])
+@pytest.fixture(params=["tensor", "state"])
 def tier(request, tmp_path):
     if request.param == "tensor":
-        yield Tier(SnapshotStore(tmp_path / "kv", LAYOUT, 1 << 30), ssd_format)
+        yield Tier(torch_store(tmp_path / "kv"), "tensor")
     else:
-        yield Tier(SequenceSnapshots(tmp_path / "kv-llamacpp", "layout", 1 << 30), sequence_snapshots)
+        yield Tier(SnapshotStore(tmp_path / "kv-llamacpp", "layout", 1 << 30), "state")
 
 
 class _FullDisk:

@@ -1,14 +1,12 @@
 """The main-conversation rule (kvcache/retention.py): the rule itself, and the tiers that choose their victims by
-it — the one device tier (on torch's KV here) and both SSD tiers (on llama.cpp's KV: tests/unit/runtime/
-test_main_conversation_kept.py, on a real engine)."""
+it — the one device tier (on torch's KV here) and the one SSD store, with both backends' payloads (on llama.cpp's
+KV: tests/unit/runtime/test_main_conversation_kept.py, on a real engine)."""
 
 import random
 
-from tests.unit.kvcache.conftest import LAYOUT, keep, random_tokens, torch_cache
-from tests.unit.kvcache.test_kv_ssd_store import job
-from zllm.engine.torch.cache.ssd_tier import SnapshotStore
+from tests.unit.kvcache.conftest import keep, random_tokens, torch_cache, torch_job, torch_store
 from zllm.kvcache.retention import LIVE_S, Newcomer, main_conversations, next_eviction
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
 
 BPT = 512  # bytes per token of the synthetic layout
 NS = "ns"
@@ -71,11 +69,11 @@ def test_the_device_tier_keeps_the_main_conversation_and_refuses_a_side_state_th
 
 def test_the_torch_ssd_tier_evicts_side_snapshots_before_the_main_conversation(tmp_path) -> None:
     rng = random.Random(4)
-    store = SnapshotStore(tmp_path / "kv", LAYOUT, 1 << 30)
+    store = torch_store(tmp_path / "kv")
     main = random_tokens(400, rng)
-    store.commit(job(main, "main", round_=2))
+    store.commit(torch_job("main", main, round_=2))
     for i in range(4):
-        store.commit(job(random_tokens(60, rng), f"side{i}"))
+        store.commit(torch_job(f"side{i}", random_tokens(60, rng)))
     assert store.evict_to_budget(store.total_bytes - 1) == ["side0"]  # LRU alone: main
     assert "main" in {r.id for r in store.snapshots()}
     store.close()
@@ -83,12 +81,12 @@ def test_the_torch_ssd_tier_evicts_side_snapshots_before_the_main_conversation(t
 
 def test_the_llamacpp_ssd_tier_evicts_side_snapshots_before_the_main_conversation(tmp_path) -> None:
     rng = random.Random(5)
-    store = SequenceSnapshots(tmp_path / "kv-llamacpp", "layout", 1 << 30)
-    store.commit(SequenceJob("main", NS, "model", random_tokens(400, rng), 400, 2, bytes(4000)))
+    store = SnapshotStore(tmp_path / "kv-llamacpp", "layout", 1 << 30)
+    store.commit(SnapshotJob("main", NS, "model", random_tokens(400, rng), 400, 2, lambda: bytes(4000)))
     for i in range(4):
-        store.commit(SequenceJob(f"side{i}", NS, "model", random_tokens(60, rng), 60, 1, bytes(600)))
+        store.commit(SnapshotJob(f"side{i}", NS, "model", random_tokens(60, rng), 60, 1, lambda: bytes(600)))
     store.budget_bytes = sum(r.nbytes for r in store.snapshots()) - 1
-    store.commit(SequenceJob("side4", NS, "model", random_tokens(60, rng), 60, 1, bytes(600)))
+    store.commit(SnapshotJob("side4", NS, "model", random_tokens(60, rng), 60, 1, lambda: bytes(600)))
     ids = {r.id for r in store.snapshots()}
     assert "main" in ids and "side0" not in ids
     store.close()

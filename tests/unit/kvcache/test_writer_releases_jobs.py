@@ -7,7 +7,7 @@ import gc
 import os
 import weakref
 
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceSnapshots
+from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
 from zllm.kvcache.writer import SnapshotWriter
 
 TOKENS = tuple(range(300))
@@ -18,16 +18,18 @@ class StateBuffer(bytearray):
 
 
 def test_a_written_job_is_not_held_while_the_writer_waits(tmp_path) -> None:
-    store = SequenceSnapshots(tmp_path / "kv-llamacpp", "layout", 1 << 30)
+    store = SnapshotStore(tmp_path / "kv-llamacpp", "layout", 1 << 30)
     writer = SnapshotWriter(store)
     try:
         state = StateBuffer(os.urandom(100_000))
         alive = weakref.ref(state)
-        assert writer.submit(SequenceJob("snap", "ns", "m", TOKENS, 300, 1, memoryview(state)))
+        export = (lambda view=memoryview(state): view)  # the job's export holds the bytes, as llama.cpp's does
+        assert writer.submit(SnapshotJob("snap", "ns", "m", TOKENS, 300, 1, export))
+        del export
         del state
         writer.flush()
         gc.collect()
-        assert store.index is not None and alive() is None
+        assert store.stats().snapshots == 1 and alive() is None, "written, then let go"
     finally:
         writer.close()
         store.close()

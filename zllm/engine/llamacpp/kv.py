@@ -2,8 +2,8 @@
 
 A running sequence is an engine sequence; a kept handle is the same sequence, taken over when its request finished
 (no copy); sharing a kept prefix is `engine.share` (seq_cp: the new sequence shares the cells). Room is counted in
-the pool's cells and answered in bytes (`bytes_per_token` each). The SSD tier stores the sequence's exported state
-(kvcache/sequence_snapshots.py).
+the pool's cells and answered in bytes (`bytes_per_token` each). The SSD tier (kvcache/snapshot_store.py) stores
+the sequence's exported state, loaded whole.
 
 Kept handles dropped off the engine thread (a prune) give their cells back at the engine thread's next call:
 llama.cpp's memory is engine-thread only.
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from zllm.engine.llamacpp.backend import LlamaSequence
-from zllm.kvcache.sequence_snapshots import SequenceJob, SequenceMatch, SequenceSnapshots
 from zllm.kvcache.ssd_index import SnapshotInvalid
 
 
@@ -38,6 +37,7 @@ class KeptSequence:
 
 class LlamaKV:
     shares_prefixes = False  # each kept sequence holds its own cells (a prefix entry is superseded)
+    token_bytes = 0  # an exported state is loaded whole
 
     def __init__(self, engine, *, layout: str, spare_sequences: int, park_budget_bytes: int = 0):
         """`layout` names what makes a saved state loadable (model, backend, KV types); `spare_sequences` are kept
@@ -45,7 +45,7 @@ class LlamaKV:
         sequences (0 = none parked: they stay in the pool)."""
         self.engine = engine
         self.bytes_per_token = engine.bytes_per_token
-        self.layout = layout
+        self.snapshot_layout = layout
         self.spare_sequences = spare_sequences
         self._reserved: dict[int, int] = {}  # running sequence id → tokens of room it reserves
         self._kept: dict[KeptSequence, int] = {}  # kept handle → its tokens
@@ -146,43 +146,23 @@ class LlamaKV:
 
     # ------------------------------------------------------------------ the SSD tier: exported sequence states
 
-    def open_ssd_store(self, config) -> SequenceSnapshots:
-        return SequenceSnapshots(config.ssd_dir, self.layout, config.ssd_budget_bytes)
+    def export(self, kept: Any, state: Any, length: int):
+        """The sequence's state, copied out of the pool now (the writer never touches llama.cpp)."""
+        exported = self.engine.export_state(state)
+        return lambda: exported
 
-    @staticmethod
-    def ssd_lookup(store: SequenceSnapshots, namespace: str, prompt: tuple[int, ...], hint: str | None):
-        return store.lookup(namespace, prompt, hint), store.diverging(namespace, prompt)
-
-    @staticmethod
-    def ssd_cut(match: SequenceMatch, length: int) -> SequenceMatch:
-        return SequenceMatch(match.row, length, match.hinted)
-
-    @staticmethod
-    def restore_bytes(match: SequenceMatch, skip: int) -> int:
-        return match.row.nbytes  # a state blob is read whole
-
-    @staticmethod
-    def ssd_read(store: SequenceSnapshots, running: Any, match: SequenceMatch, skip: int) -> memoryview:
-        return store.read(match.row)
-
-    def ssd_load(self, store: SequenceSnapshots, running: Any, match: SequenceMatch, read: memoryview
-                 ) -> tuple[Any, int]:
-        """The read state in a new sequence, cropped to the shared prefix, in place of `running`."""
+    def load(self, running: Any, payload: Any, first: int, length: int, stored: int) -> Any:
+        """The whole saved state in a new sequence, cropped to `length`, in place of `running`."""
         self._on_engine_thread()
         try:
-            seq = self.engine.import_state(read, match.row.length)
+            seq = self.engine.import_state(payload, stored)
         except Exception as exc:  # state the engine refuses: set aside like a damaged blob
-            store.quarantine(match.row)
-            raise SnapshotInvalid(str(exc)) from exc
-        self.engine.crop(seq, match.length)
+            raise SnapshotInvalid(f"llama.cpp refused the state: {exc}") from exc
+        self.engine.crop(seq, length)
         self._reserved[seq.seq_id] = self._reserved.pop(running.seq_id, 0)
+        self._sharing.pop(running.seq_id, None)  # the restored state replaces what `running` shared
         self.engine.release(running)
-        return seq, match.row.nbytes
-
-    def snapshot_job(self, *, entry_id: str, namespace: str, model: str, tokens: tuple[int, ...],
-                     prompt_length: int, round: int, hint_key: str | None, kept: Any, state: Any) -> SequenceJob:
-        exported = self.engine.export_state(state)  # a copy out of the pool: the writer never touches llama.cpp
-        return SequenceJob(entry_id, namespace, model, tokens, prompt_length, round, exported, hint_key)
+        return seq
 
     # ------------------------------------------------------------------ parking (the module's docstring)
 

@@ -3,19 +3,19 @@
 A running sequence is a set of pooled working buffers (pool.py: `[1, kv_heads, capacity, head_dim]` per tensor);
 a kept handle is a node of a per-namespace span tree (radix.py: each node owns the tensors of its own token span,
 so entries sharing a prefix share its bytes). Sharing a kept prefix copies its spans into working buffers; keeping
-a finished request clones the span past what the tree holds. The SSD tier stores tensor spans (ssd_tier.py), so a
-restore reads only the token range it lacks, straight into the running buffers.
+a finished request clones the span past what the tree holds. The SSD tier (kvcache/snapshot_store.py) stores a sequence
+token-major, so a restore reads only the token range it lacks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from zllm.engine.torch.cache.pool import BufferPool
 from zllm.engine.torch.cache.radix import Node, RadixTree
-from zllm.engine.torch.cache.ssd_tier import SnapshotJob, SnapshotStore, SsdMatch
 from zllm.engine.torch.cache.state import (
     KVLayout,
     KVState,
@@ -41,7 +41,8 @@ class TorchKV:
 
     def __init__(self, layout: KVLayout, device: torch.device | str):
         self.layout = layout
-        self.bytes_per_token = layout.bytes_per_token
+        self.bytes_per_token = self.token_bytes = layout.bytes_per_token
+        self.snapshot_layout = layout.key
         self.pool = BufferPool(layout, device)
         self.trees: dict[str, RadixTree] = {}
 
@@ -141,38 +142,37 @@ class TorchKV:
             assert node.needed, "a node nothing needs was not freed"
         assert tree.bytes == storage_bytes(t for n in nodes for t in state_tensors(n.kv)), "bytes == real bytes"
 
-    # ------------------------------------------------------------------ the SSD tier: tensor spans
+    # ------------------------------------------------------------------ the SSD tier: token-major bytes
 
-    def open_ssd_store(self, config) -> SnapshotStore:
-        return SnapshotStore(config.ssd_dir, self.layout, config.ssd_budget_bytes)
+    def export(self, kept: Span | None, state: KVState, length: int):
+        """The writer gets the tree's spans (immutable once inserted: no copy here) or its own copy of the
+        working buffers (reused by the next request); it serialises them on its thread."""
+        if kept is not None:
+            sources = tuple(node.kv for node in kept.node.path())
+        else:
+            sources = (clone_state(slice_state(state, 0, length)),)
+        return partial(token_major_bytes, sources, length)
 
-    @staticmethod
-    def ssd_lookup(store: SnapshotStore, namespace: str, prompt: tuple[int, ...], hint: str | None):
-        return store.lookup(namespace, prompt, hint)
-
-    @staticmethod
-    def ssd_cut(match: SsdMatch, length: int) -> SsdMatch:
-        return SsdMatch(match.row, length, match.hinted)
-
-    def restore_bytes(self, match: SsdMatch, skip: int) -> int:
-        return (match.length - skip) * self.bytes_per_token
-
-    def ssd_read(self, store: SnapshotStore, running: KVState, match: SsdMatch, skip: int) -> int:
-        """Reads tokens [skip, length) straight into the running buffers; returns bytes read. Under inference
-        mode: the working buffers were made under it, and only inference mode may update them in place (the
-        restore thread is not the engine thread, which runs in it for its whole life)."""
+    def load(self, running: KVState, payload, first: int, length: int, stored: int) -> KVState:
+        """Tokens [first, length) into the running buffers. Under inference mode: the working buffers were
+        made under it, and only inference mode may update them in place."""
+        rows = torch.frombuffer(payload, dtype=torch.uint8).view(length - first, self.bytes_per_token)
+        column = 0
         with torch.inference_mode():
-            return store.restore(match, running, self.pool, skip=skip)
+            for layer, specs in zip(running, self.layout.layers):
+                for target, spec in zip(layer, specs):
+                    tensor = rows[:, column:column + spec.row_bytes].contiguous().view(spec.dtype)
+                    target[..., first:length, :].copy_(tensor.view(length - first, *spec.row_shape).movedim(0, -2))
+                    column += spec.row_bytes
+        return running
 
-    @staticmethod
-    def ssd_load(store: SnapshotStore, running: KVState, match: SsdMatch, read: int) -> tuple[KVState, int]:
-        return running, read  # already in place
 
-    def snapshot_job(self, *, entry_id: str, namespace: str, model: str, tokens: tuple[int, ...],
-                     prompt_length: int, round: int, hint_key: str | None, kept: Span | None,
-                     state: KVState) -> SnapshotJob:
-        if kept is not None:  # the tree's spans are immutable once inserted: hand them over without a copy
-            sources = tuple((node.start, node.kv) for node in kept.node.path())
-        else:  # the working buffers are reused by the next request: the writer gets its own copy
-            sources = ((0, clone_state(slice_state(state, 0, len(tokens)))),)
-        return SnapshotJob(entry_id, namespace, model, tokens, prompt_length, round, sources, hint_key)
+def token_major_bytes(sources: tuple[KVState, ...], length: int) -> memoryview:
+    """The first `length` tokens of the concatenated spans as one token-major payload: token t's row of every
+    layer's k and v, back to back (what `load` reads, kvcache/snapshot_frame.py's `token_bytes`)."""
+    columns = []
+    for layer in range(len(sources[0])):
+        for i in range(len(sources[0][layer])):
+            tensor = torch.cat([span[layer][i].cpu() for span in sources], dim=-2)[..., :length, :]
+            columns.append(tensor.movedim(-2, 0).contiguous().view(length, -1).view(torch.uint8))
+    return memoryview(torch.cat(columns, dim=1).numpy()).cast("B")
