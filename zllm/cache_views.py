@@ -107,6 +107,7 @@ class SsdStats:
     writes_skipped: int | None = None
     restores: int | None = None
     evicted: int | None = None
+    superseded: int | None = None  # deleted when a newer snapshot of the same conversation held all of them
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class PrefixCache(CacheTiers):
         when a blob is bad."""
         assert lease.pending is not None, "nothing to read"
         started = time.perf_counter()
-        read = self.store.read(lease.pending, lease.cached_tokens)  # (payload, the first token it holds)
+        read = self.store.read(lease.pending, lease.cached_tokens)  # a SnapshotRead
         lease.restore_s = time.perf_counter() - started
         return read
 
@@ -114,8 +114,8 @@ class PrefixCache(CacheTiers):
         if not isinstance(outcome, BaseException):
             started = time.perf_counter()
             try:
-                payload, first = outcome
-                lease.kv = self.kv.load(lease.kv, payload, first, match.length, match.row.length)
+                payload, first, stored = outcome  # stored: a newer snapshot's length when it superseded the match's
+                lease.kv = self.kv.load(lease.kv, payload, first, match.length, stored)
                 nbytes = len(payload)
             except SnapshotInvalid as exc:  # the engine refused the payload: set aside like a damaged blob
                 self.store.quarantine(match.row, str(exc))

@@ -4,7 +4,16 @@
 
 A snapshot is one finished sequence: the bytes its backend's KV exported (kvcache/kv_interface.py `export`),
 framed and chunk-checksummed. Whole, not chained: a turn's snapshot holds the whole conversation so far, so a
-restore opens one file (a turn's earlier snapshots stay until the budget takes them).
+restore opens one file.
+
+Supersession: a snapshot whose tokens are a strict prefix of a newer one of the same namespace (the conversation's
+earlier turns) is deleted when the newer one commits, in the same index transaction; each turn would otherwise keep
+a full copy of everything before it. Nothing is lost to a lookup: whatever a request shares with the older one it
+shares with the newer one, at least as many tokens (an edited earlier message forks from the newer one just as
+well). A token-major read costs the same from either; a whole payload (llama.cpp) costs the newer blob's size,
+which the restore-vs-recompute estimate weighs. A blob being read is unlinked once its read ends, and a read that
+finds its snapshot superseded before it began reads the newer one. The open-time sweep supersedes too (a crash
+between a deferred unlink and its row, or a tier written before this rule).
 
 Commit protocol (blob_commit.py): write blobs/<gen>.tmp and fsync it, rename, fsync the directory, then insert the
 index row in one sqlite transaction; a crash at any instant leaves the old state or the new one, and a step that
@@ -25,8 +34,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from zllm.cache_views import SsdStats
 from zllm.kvcache import snapshot_frame
@@ -71,6 +82,18 @@ class SnapshotMatch:
     hinted: bool = False
 
 
+class SnapshotRead(NamedTuple):
+    payload: memoryview
+    first: int  # the first token the payload holds
+    stored: int  # tokens in the snapshot it was read from (a newer one than the match's when that was superseded)
+
+
+def supersedes(newer: SnapshotRow, older: SnapshotRow) -> bool:
+    """Whether `older` is an earlier turn of `newer`'s conversation: everything it holds, `newer` holds too."""
+    return (older.namespace, older.model) == (newer.namespace, newer.model) and older.length < newer.length \
+        and newer.tokens.startswith(older.tokens)
+
+
 blob_file = blob_name
 
 
@@ -89,8 +112,10 @@ class SnapshotStore:
         self.index, index_set_aside = open_index(self.directory / "index.sqlite", self.quarantine_dir)
         self._lock = threading.Lock()
         self._touches: dict[str, SnapshotRow] = {}
+        self._reading: Counter[int] = Counter()  # generations a read has open: their unlink waits for it
+        self._unlink_after_read: set[int] = set()
         self.counters = {"writes": 0, "writes_skipped": 0, "restores": 0, "quarantined": 0, "evicted": 0,
-                         "index_set_aside": int(index_set_aside is not None), "strays": 0}
+                         "superseded": 0, "index_set_aside": int(index_set_aside is not None), "strays": 0}
         self._generation = self._recover()
 
     def _recover(self) -> int:
@@ -106,6 +131,11 @@ class SnapshotStore:
                         "format%s%s", len(self.rows), found.quarantined,
                         f", {found.strays} stray files set aside" if found.strays else "",
                         ", the index set aside" if self.counters["index_set_aside"] else "")
+        superseded = [row for row in self.rows.values() if self._superseding(row) is not None]
+        if superseded:  # a crash before a deferred unlink, or a tier written before supersession
+            self._delete(superseded)
+            self.counters["superseded"] += len(superseded)
+            log.info("kv cache: deleted %d SSD snapshots a newer one holds", len(superseded))
         return found.next_generation
 
     # ------------------------------------------------------------------ lookups and reads
@@ -132,14 +162,16 @@ class SnapshotStore:
         """Bytes a read of `match` costs when its first `skip` tokens are there already."""
         return (match.length - skip) * self.token_bytes if self.token_bytes else match.row.nbytes
 
-    def read(self, match: SnapshotMatch, skip: int) -> tuple[memoryview, int]:
-        """(payload bytes, the first token they hold): tokens [skip, length) of a token-major payload, the whole
-        payload otherwise; verified. SnapshotInvalid (the blob quarantined) when anything is off."""
-        row, path = match.row, self.blobs / blob_file(match.row.generation)
+    def read(self, match: SnapshotMatch, skip: int) -> SnapshotRead:
+        """Tokens [skip, match.length) of a token-major payload, the whole payload otherwise; verified.
+        SnapshotInvalid (the blob quarantined) when anything is off."""
         first = skip if self.token_bytes else 0
+        with self._lock:  # the row is trusted only while it still agrees with its blob, as at open
+            row = self._readable(match)
+            self._reading[row.generation] += 1
+            reason = self.check(row, self.rows)
+        path = self.blobs / blob_file(row.generation)
         try:
-            with self._lock:  # the row is trusted only while it still agrees with its blob, as at open
-                reason = self.check(row, self.rows)
             if reason is not None:
                 raise SnapshotInvalid(f"{path.name}: {reason}")
             payload = snapshot_frame.read_payload(
@@ -149,8 +181,31 @@ class SnapshotStore:
         except SnapshotInvalid as exc:
             self.quarantine(row, str(exc))
             raise
+        finally:
+            self._read_done(row.generation)
         self._touch(row)
-        return payload, first
+        return SnapshotRead(payload, first, row.length)
+
+    def _readable(self, match: SnapshotMatch) -> SnapshotRow:
+        """The match's row, or, when a newer snapshot superseded it since the lookup, that one: it holds the same
+        prefix (caller holds the lock)."""
+        row = match.row
+        if row.id in self.rows:
+            return self.rows[row.id]
+        prefix = row.tokens[:4 * match.length]
+        return next((r for r in self.rows.candidates(row.namespace, prefix)
+                     if r.model == row.model and r.tokens.startswith(prefix)), row)
+
+    def _read_done(self, generation: int) -> None:
+        with self._lock:
+            self._reading[generation] -= 1
+            if self._reading[generation]:
+                return
+            del self._reading[generation]
+            if generation not in self._unlink_after_read:
+                return
+            self._unlink_after_read.discard(generation)
+        (self.blobs / blob_file(generation)).unlink(missing_ok=True)
 
     def quarantine(self, row: SnapshotRow, reason: str = "") -> None:
         """Out of service (an engine refusing a payload calls this too); the blob kept for inspection."""
@@ -192,11 +247,20 @@ class SnapshotStore:
         return committed
 
     def _index(self, row: SnapshotRow) -> SnapshotRow:
-        self.index.insert(row)
+        """Insert `row` and delete the snapshots it supersedes in one transaction: a crash leaves the older rows
+        or the newer one, never neither; the older blobs go after (a crash leaves orphans the next open removes)."""
+        with self._lock:
+            superseded = [r for r in self.rows.candidates(row.namespace, row.tokens) if supersedes(row, r)]
+        self.index.insert(row, replacing=[r.id for r in superseded])
         self._crash_hook("indexed")
         with self._lock:
             self.rows[row.id] = row
             self.counters["writes"] += 1
+            self.counters["superseded"] += len(superseded)
+            self._forget(superseded)
+        if superseded:
+            self._crash_hook("superseded-rows")  # out of the index, their blobs still on disk
+        self._unlink(superseded)
         return row
 
     def flush_touches(self) -> None:
@@ -288,16 +352,32 @@ class SnapshotStore:
             self._touches[row.id] = touched
             self.counters["restores"] += 1
 
+    def _superseding(self, row: SnapshotRow) -> SnapshotRow | None:
+        """A newer snapshot holding all of `row` (caller holds the lock or runs before any other thread)."""
+        return next((r for r in self.rows.candidates(row.namespace, row.tokens) if supersedes(r, row)), None)
+
     def _delete(self, rows: list[SnapshotRow]) -> None:
         if not rows:
             return
         self.index.delete([row.id for row in rows])  # the row first: a crash leaves an orphan file, not a dangling row
         with self._lock:
-            for row in rows:
-                self.rows.pop(row.id, None)
-                self._touches.pop(row.id, None)
+            self._forget(rows)
+        self._unlink(rows)
+
+    def _forget(self, rows: list[SnapshotRow]) -> None:
+        """Out of the in-memory index (caller holds the lock)."""
         for row in rows:
-            (self.blobs / blob_file(row.generation)).unlink(missing_ok=True)
+            self.rows.pop(row.id, None)
+            self._touches.pop(row.id, None)
+
+    def _unlink(self, rows: list[SnapshotRow]) -> None:
+        """Delete the blobs of rows already out of the index; one a read has open goes when the read ends."""
+        with self._lock:
+            busy = {row.generation for row in rows if self._reading[row.generation]}
+            self._unlink_after_read |= busy
+        for row in rows:
+            if row.generation not in busy:
+                (self.blobs / blob_file(row.generation)).unlink(missing_ok=True)
 
 
 def _write(path: Path, head: bytes, payload) -> int:

@@ -194,9 +194,11 @@ class SnapshotIndex:
                 bad.append(MalformedRow(values[0], values[6], f"malformed row: {exc}"))
         return rows, bad
 
-    def insert(self, row: SnapshotRow) -> None:
+    def insert(self, row: SnapshotRow, replacing: list[str] = ()) -> None:
+        """Insert `row` and delete the rows `replacing` names, in one transaction."""
         placeholders = ", ".join("?" * 14)
         with self._transaction():
+            self._db.executemany("DELETE FROM snapshots WHERE id = ?", [(i,) for i in replacing])
             self._db.execute(f"INSERT OR REPLACE INTO snapshots ({_COLUMNS}) VALUES ({placeholders})", (
                 row.id, row.namespace, row.model, row.parent, row.parent_len, row.tokens, row.generation, row.nbytes,
                 row.round, row.prompt_len, row.hint_key, row.created, row.last_used, row.hits))

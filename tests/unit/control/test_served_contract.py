@@ -27,7 +27,8 @@ BASE_KEYS = {"enabled", "device_bytes", "device_budget_bytes", "pool_bytes", "po
              "prefill_s_per_token", "restore_s_per_byte", "device_fill", "ssd_fill", "device_hit_rate",
              "ssd_hit_rate", "token_hit_rate", "main_spared"}
 _ONE_STORE_KEYS = {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
-                   "ssd_strays", "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted"}
+                   "ssd_strays", "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted",
+                   "ssd_superseded"}
 SSD_KEYS = {"torch": _ONE_STORE_KEYS, "llamacpp": _ONE_STORE_KEYS}  # one SSD store: the same counters on both
 # `zllm status --json` (and what `zllm claude` reads); `prefilling` items: one per request still prefilling
 STATUS_KEYS = {"version", "pid", "phase", "started_at", "uptime_s", "model", "http_url", "host", "port",

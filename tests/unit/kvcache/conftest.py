@@ -111,5 +111,5 @@ def restore_state(store, match, *, skip: int = 0, room: int = 8) -> KVState:
     from zllm.engine.torch.cache.kv import TorchKV
 
     dest = LAYOUT.empty(match.length + room)
-    payload, first = store.read(match, skip)
-    return TorchKV(LAYOUT, "cpu").load(dest, payload, first, match.length, match.row.length)
+    payload, first, stored = store.read(match, skip)
+    return TorchKV(LAYOUT, "cpu").load(dest, payload, first, match.length, stored)

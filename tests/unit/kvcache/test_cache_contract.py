@@ -209,6 +209,26 @@ def test_ssd_restores_what_the_device_tier_lacks(backend, tmp_path) -> None:
     cache.close()
 
 
+def test_a_conversation_keeps_one_snapshot_and_an_edit_forks_from_it(backend, tmp_path) -> None:
+    """Each turn's snapshot holds the whole conversation: the earlier turns' are deleted as it commits, and an
+    edit of the first message restores its shared prefix from the last turn's (llama.cpp: read whole, cropped)."""
+    cache = backend.cache(tmp_path / "kv")
+    first = prompt = tokens(120, seed=11)
+    for turn in range(3):
+        _, generated = backend.run(cache, prompt, f"t{turn}", generate=3)
+        cache.flush()
+        prompt = prompt + tuple(generated) + tokens(30, seed=20 + turn)
+    assert (cache.stats().ssd.snapshots, cache.stats().ssd.superseded) == (1, 2)
+    cache.close()
+    restarted = backend.cache(tmp_path / "kv")
+    assert [e.id for e in restarted.entries()] == ["t2"]
+    lease, logits = backend.ask(restarted, first[:100] + (4095, 31))
+    assert (lease.tier, lease.cached_tokens) == ("ssd", 100)
+    backend.assert_restored_exactly(lease, logits)
+    restarted.check_integrity()
+    restarted.close()
+
+
 def test_restores_slower_than_recompute_are_skipped(backend, tmp_path) -> None:
     cache = backend.cache(tmp_path / "kv")
     prompt = tokens(200)

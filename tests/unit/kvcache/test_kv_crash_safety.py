@@ -14,27 +14,33 @@ import time
 import pytest
 
 from tests.unit.kvcache.conftest import assert_state_equal, random_tokens, restore_state, torch_job, torch_store
-from zllm.kvcache.snapshot_store import SnapshotMatch
+from zllm.kvcache.snapshot_store import SnapshotMatch, supersedes
 from zllm.kvcache.ssd_index import unpack_tokens
 
 BUDGET = 1 << 20  # ~20 snapshots: eviction (row delete, then file delete) runs, and gets killed, too
-STAGES = ("blob-written", "blob-renamed", "dir-synced", "indexed")
+STAGES = ("blob-written", "blob-renamed", "dir-synced", "indexed", "superseded-rows")
 
 
 def write_forever(directory, seed: int, die_at: str | None) -> None:
     """Child process body: commit snapshots until killed (or SIGKILL itself at stage `die_at`)."""
     rng = random.Random(seed)
-    commits = {"n": 0}
+    commits = {"n": 0, "extending": False}
 
-    def hook(stage: str) -> None:
-        if stage == die_at and commits["n"] >= 2:
+    def hook(stage: str) -> None:  # at a commit that extends a conversation: one that supersedes its last turn
+        if stage == die_at and commits["n"] >= 2 and commits["extending"]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     store = torch_store(directory, BUDGET, crash_hook=hook)
     stems = [random_tokens(200, rng) for _ in range(3)]
+    talks = list(stems)  # conversations that grow a turn at a time: each turn supersedes the one before
     for i in range(10_000):
-        stem = rng.choice(stems)
-        tokens = stem[:rng.randrange(50, 200)] + random_tokens(rng.randrange(1, 100), rng)
+        k = rng.randrange(len(stems))
+        commits["extending"] = rng.random() < 0.6 and len(talks[k]) < 600
+        if commits["extending"]:
+            tokens = talks[k] = talks[k] + random_tokens(rng.randrange(1, 60), rng)
+        else:  # a fork: an edit inside the stem
+            tokens = stems[k][:rng.randrange(50, 200)] + random_tokens(rng.randrange(1, 100), rng)
+            talks[k] = stems[k]
         store.commit(torch_job(f"s{seed}-{i}", tokens))
         commits["n"] += 1
 
@@ -57,6 +63,8 @@ def assert_store_is_whole(directory) -> int:
     store = torch_store(directory, BUDGET)
     try:
         store.check_integrity()  # no tmp or orphan files, every row's blob validates, bytes add up
+        rows = store.snapshots()
+        assert not [r.id for r in rows if any(supersedes(newer, r) for newer in rows)], "a superseded row is left"
         for row in store.snapshots():
             assert_state_equal(restore_state(store, SnapshotMatch(row, row.length)), unpack_tokens(row.tokens))
         return len(store.snapshots())

@@ -52,7 +52,7 @@ def test_a_restore_reads_only_the_token_range_it_lacks(store) -> None:
     assert row2.parent is None and row2.nbytes < 480 * BPT + 4096  # whole: the 480 tokens (+ header)
     match, _ = store.lookup("ns", turn2 + (1,))
     assert match.length == 480 and store.read_bytes(match, 390) == 90 * BPT
-    payload, first = store.read(match, 390)
+    payload, first, _ = store.read(match, 390)
     assert (len(payload), first) == (90 * BPT, 390), "only [390, 480) was returned"
     assert_range_equal(restore_state(store, match, skip=390), turn2, 390, 480)
     assert_state_equal(restore_state(store, match), turn2)
@@ -97,7 +97,7 @@ def test_prune_by_namespace_age_and_size(store) -> None:
     rng = random.Random(3)
     a = random_tokens(100, rng)
     store.commit(torch_job("a1", a, namespace="n1"))
-    store.commit(torch_job("a2", a + random_tokens(80, rng), namespace="n1"))
+    store.commit(torch_job("a2", a[:60] + random_tokens(80, rng), namespace="n1"))  # a fork: a1 stays
     store.commit(torch_job("b", random_tokens(100, rng), namespace="n2"))
     assert sorted(store.prune(namespace="n1")) == ["a1", "a2"]
     assert store.prune(older_than_s=3600) == []
