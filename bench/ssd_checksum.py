@@ -48,7 +48,7 @@ def timed_restore(store: SnapshotStore, kv: TorchKV, row, dest, cold: bool) -> f
     if cold:
         drop_page_cache(store.blobs)
     started = time.perf_counter()
-    payload, first = store.read(SnapshotMatch(row, row.length), 0)
+    payload, first, _ = store.read(SnapshotMatch(row, row.length), 0)
     kv.load(dest, payload, first, row.length, row.length)
     return time.perf_counter() - started
 

@@ -37,7 +37,7 @@ def recompute(engine, tokens: list[int]) -> tuple[float, object]:
 
 def restore(engine, store: SnapshotStore, row, length: int, last: int) -> float:
     started = time.perf_counter()
-    payload, _ = store.read(SnapshotMatch(row, length), 0)
+    payload = store.read(SnapshotMatch(row, length), 0).payload
     seq = engine.import_state(payload, row.length)
     engine.crop(seq, length)
     engine.step([Row(seq, [last])])
