@@ -59,9 +59,10 @@ DIAGNOSIS_DOORS = {
 
 # the request-level engine (engine/vllm/: a vLLM server behind HTTP) stands where runtime/client.py stands for the
 # step-level engines: it speaks aiohttp to vLLM and runs each token through the runtime's pure output stages
-# (detokenizer, stop rules, stream parsers, loop guard, fence compiler), itself running no engine loop
+# (detokenizer, stop rules, stream parsers, loop guard), itself running no engine loop; its client shares the local
+# client's prompt side and admission checks (runtime/client_base.py)
 REQUEST_LEVEL_ENGINE = {
-    "zllm/engine/vllm": {"aiohttp", "zllm.runtime.detokenizer", "zllm.runtime.fence", "zllm.runtime.loop_guard",
+    "zllm/engine/vllm": {"aiohttp", "zllm.runtime.client_base", "zllm.runtime.detokenizer", "zllm.runtime.loop_guard",
                          "zllm.runtime.output", "zllm.runtime.report", "zllm.runtime.stops",
                          "zllm.runtime.turn_output"},
 }

@@ -18,33 +18,23 @@ refused before it is tokenized (prompt/length_bound.py). All engine work runs on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
-from zllm.diagnosis.explain import MissExplanation
+from zllm.canonical import ChatRequest, Event, Finished, Usage
 from zllm.diagnosis.fingerprint_store import FingerprintStore
-from zllm.diagnosis.near_miss import NearMiss
-from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
-from zllm.diagnosis.service import ServedDiagnosis
-from zllm.dialects import Dialect, FenceSpec
-from zllm.dialects.registry import DialectChoice
+from zllm.diagnosis.records import RequestFingerprint
 from zllm.engine.loaded import DraftModel, LoadedModel
 from zllm.engine.sampler import SamplingConfig
-from zllm.errors import ContextLengthExceeded, ModelNotFound, Overloaded
+from zllm.errors import Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import KVPrefixCache
-from zllm.prompt import (
-    PromptRenderer,
-    RenderedPrompt,
-    model_stop_token_ids,
-)
-from zllm.prompt.dialect_check import check_renderer
-from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
+from zllm.prompt import RenderedPrompt
+from zllm.runtime.client_base import ClientBase
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
-from zllm.runtime.fence import Fence, FenceCompiler
+from zllm.runtime.fence import Fence
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.prefix import build_prefix_cache, served_model_key
 from zllm.runtime.report import RequestReport
@@ -100,7 +90,7 @@ class LocalRequestStream:
                 self.abort()
 
 
-class LocalEngineClient:
+class LocalEngineClient(ClientBase):
     def __init__(self, loaded: LoadedModel, model_name: str, created: int, *, max_queue: int = 64,
                  cache_config: CacheConfig | None = None, prefix_cache: bool = True,
                  observer: Callable[[RequestReport], None] | None = None, dialect: str | None = None,
@@ -115,24 +105,11 @@ class LocalEngineClient:
         `fingerprints`: where cache diagnostics keep prompt fingerprints (None: in memory, for this client's life)."""
         self.loaded = loaded
         self._owns_engine = owns_engine  # close the backend (its weights, llama.cpp's context) with the client
-        self.model_name = model_name
-        self.created = created
-        self.max_queue = max_queue
+        super().__init__(loaded.tokenizer, model_name=model_name, created=created, max_queue=max_queue,
+                         generation_eos=loaded.generation_eos, eos_token_id=loaded.text_config.eos_token_id,
+                         vocab_size=loaded.vocab_size, dialect=dialect, fingerprints=fingerprints)
         self.speculation = (SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft_model is not None
                             else SpeculationConfig() if speculative else None)
-        self.renderer = PromptRenderer(loaded.tokenizer, dialect_override=dialect)
-        # render → parse → render over this model's template and tokenizer (logged at startup, shown by `zllm ps`)
-        self.dialect_check = check_renderer(self.renderer)
-        # fingerprints, segments, near-miss explanations: the declared methods below answer with it
-        self.diagnosis = ServedDiagnosis(self.renderer, fingerprints)
-        _ = self.renderer.length_bound  # read off the vocabulary now, not during the first request
-        self.stop_token_ids = (model_stop_token_ids(
-            loaded.tokenizer, loaded.generation_eos, loaded.text_config.eos_token_id,
-        ) - single_token_ids(loaded.tokenizer, self.dialect.continues_turn)
-        ) | single_token_ids(loaded.tokenizer, self.dialect.end_of_turn)
-        self.fences = FenceCompiler(loaded.tokenizer, vocab_size=loaded.vocab_size, stop_token_ids=self.stop_token_ids)
-        # checks the dialect's literals against this tokenizer now: a dialect it cannot satisfy fails at startup
-        self.markup = self.fences.markup_tokens(self.dialect)
         if draft_model is not None:
             loaded.check_draft_model()
         self.prefix_cache: KVPrefixCache[Any] | None = (
@@ -141,19 +118,10 @@ class LocalEngineClient:
         self.engine = EngineLoop(loaded.engine, loaded.tokenizer, self.stop_token_ids, threads=loaded.threads,
                                  prefix_cache=self.prefix_cache, model_key=served_model_key(loaded),
                                  observer=observer, scheduler=scheduler, draft_model=draft_model,
-                                 hidden_ids=control_token_ids(loaded.tokenizer, self.dialect.markup),
+                                 hidden_ids=self.hidden_ids,
                                  out_of_memory=loaded.out_of_memory)
         self.engine.start()
         self._big_prompt_slots = asyncio.Semaphore(BIG_PROMPT_SLOTS)
-
-    @property
-    def dialect(self) -> Dialect:
-        return self.renderer.dialect
-
-    @property
-    def dialect_choice(self) -> DialectChoice:
-        """Which tool dialect this model speaks and why (for `zllm ps` and the startup log)."""
-        return self.renderer.choice
 
     @property
     def queue_waiting(self) -> int:
@@ -163,9 +131,6 @@ class LocalEngineClient:
     @property
     def context_length(self) -> int:
         return self.loaded.context_length
-
-    def models(self) -> list[ModelCard]:
-        return [ModelCard(id=self.model_name, created=self.created, context_length=self.context_length)]
 
     async def submit(self, request: ChatRequest) -> LocalRequestStream:
         self._check_model(request.model)
@@ -209,36 +174,9 @@ class LocalEngineClient:
         self.engine.submit(engine_request)
         return stream
 
-    async def check(self, model: str, request: ChatRequest | None = None) -> None:
-        self._check_model(model)
-        if request is not None:
-            self._room(await self.count_tokens(request))
-
     async def count_tokens(self, request: ChatRequest) -> int:
         self._check_model(request.model)
         return len((await self._render(request)).token_ids)
-
-    async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
-        def count() -> list[int]:
-            return [len(self.renderer.tokenizer.encode(text, add_special_tokens=False)) for text in texts]
-
-        return await asyncio.get_running_loop().run_in_executor(None, count)
-
-    async def diagnose_cache(self, stream: LocalRequestStream, *, namespace: str, response_id: str,
-                             previous_id: str | None) -> CacheDiagnosis | None:
-        """Why `stream`'s prompt cannot reuse all of `previous_id`'s (None: nothing to compare), then keep its
-        fingerprint as `response_id` (zllm/diagnosis/service.py). Off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(None, partial(
-            self.diagnosis.compare_and_keep, stream.fingerprint, namespace=namespace, response_id=response_id,
-            previous_id=previous_id))
-
-    def cache_diagnosis(self, response_id: str) -> tuple[str, CacheDiagnosis] | None:
-        """(namespace, diagnosis) made for `response_id` (`zllm cache explain-miss --id`). Blocking."""
-        return self.diagnosis.kept(response_id)
-
-    def explain_near_miss(self, record: NearMiss) -> MissExplanation:
-        """A near-miss record of this model's prefix cache, explained (`zllm cache explain-miss`). Blocking."""
-        return self.diagnosis.explain_near_miss(record)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Abort live requests (each still ends with Finished(ABORT)) and stop the engine thread."""
@@ -250,17 +188,6 @@ class LocalEngineClient:
     async def aclose(self, timeout: float | None = 30.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
 
-    def _check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise ModelNotFound(model, available=[self.model_name])
-
-    def _room(self, prompt_tokens: int) -> int:
-        """The room a prompt leaves for output: it must leave at least one token."""
-        room = self.context_length - prompt_tokens
-        if room < 1:
-            raise ContextLengthExceeded(prompt_tokens, self.context_length)
-        return room
-
     def _check_queue(self) -> None:
         if self.queue_waiting >= self.max_queue:
             raise Overloaded(f"{self.queue_waiting} requests are already waiting for the engine",
@@ -271,8 +198,7 @@ class LocalEngineClient:
         takes milliseconds). A grammar llguidance rejects (an unsupported schema) fails here, before anything
         streams."""
         prompt = self.renderer.render(request, window=self.context_length)
-        spec = FenceSpec(tools=request.tools, choice=request.tool_choice, thinking=self.renderer.thinking(request),
-                         response_schema=request.response_format.schema if request.response_format else None)
+        spec = self._fence_spec(request)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
         fence = self.fences.compile(grammar) if grammar is not None else None
         return prompt, fence, self.diagnosis.fingerprint(request, prompt)

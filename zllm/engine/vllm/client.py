@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -36,25 +36,20 @@ from typing import Any
 
 import aiohttp
 
-from zllm.canonical import ChatRequest, Event, Finished, FinishReason, ModelCard, Usage
+from zllm.canonical import ChatRequest, Event, Finished, FinishReason, Usage
 from zllm.diagnosis.fingerprint_store import FingerprintStore
-from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
-from zllm.diagnosis.service import ServedDiagnosis
-from zllm.dialects import Dialect, FenceSpec
-from zllm.dialects.registry import DialectChoice
+from zllm.diagnosis.records import RequestFingerprint
 from zllm.engine.vllm import wire
 from zllm.engine.vllm.kv import RemoteKV, kv_bytes_per_token
-from zllm.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, ModelNotFound, Overloaded
+from zllm.errors import EngineFailure, InvalidRequest, Overloaded
 from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig, model_key, template_hash, weights_identity
 from zllm.kvcache.identity import request_namespace
 from zllm.kvcache.prefix_cache import Lease, PrefixCache
-from zllm.prompt import PromptRenderer, RenderedPrompt, model_stop_token_ids
-from zllm.prompt.dialect_check import check_renderer
-from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
+from zllm.prompt import RenderedPrompt
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
+from zllm.runtime.client_base import ClientBase
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
-from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
 from zllm.runtime.report import RequestReport
@@ -104,7 +99,7 @@ class VllmRequestStream:
                 self.abort()
 
 
-class VllmEngineClient:
+class VllmEngineClient(ClientBase):
     backend = "vllm"
 
     def __init__(self, tokenizer: TokenizerFiles, config: dict, generation_eos, *, base_url: str, served_model: str,
@@ -117,24 +112,14 @@ class VllmEngineClient:
         index of sent sequences (its `model`: the served model's key; None: no index, `prefix_cache` is None)."""
         self.base_url = base_url.rstrip("/")
         self.served_model = served_model
-        self.model_name = model_name
-        self.created = created
         self.context_length = context_length
-        self.max_queue = max_queue
         self.layout = layout
         self._observer = observer
-        self.renderer = PromptRenderer(tokenizer, dialect_override=dialect)
-        self.dialect_check = check_renderer(self.renderer)
-        self.diagnosis = ServedDiagnosis(self.renderer, fingerprints)
-        _ = self.renderer.length_bound
         text_config = config.get("text_config") or config
-        self.stop_token_ids = (model_stop_token_ids(tokenizer, generation_eos, text_config.get("eos_token_id"))
-                               - single_token_ids(tokenizer, self.dialect.continues_turn)
-                               ) | single_token_ids(tokenizer, self.dialect.end_of_turn)
-        self.fences = FenceCompiler(tokenizer, vocab_size=int(text_config.get("vocab_size") or 0),
-                                    stop_token_ids=self.stop_token_ids)
-        self.markup = self.fences.markup_tokens(self.dialect)
-        self._hidden_ids = control_token_ids(tokenizer, self.dialect.markup)
+        super().__init__(tokenizer, model_name=model_name, created=created, max_queue=max_queue,
+                         generation_eos=generation_eos, eos_token_id=text_config.get("eos_token_id"),
+                         vocab_size=int(text_config.get("vocab_size") or 0), dialect=dialect,
+                         fingerprints=fingerprints)
         self._tokenizer = tokenizer
         self._session = session
         self._live: set[asyncio.Task] = set()
@@ -160,14 +145,6 @@ class VllmEngineClient:
     # ------------------------------------------------------------------ what the control layer reads
 
     @property
-    def dialect(self) -> Dialect:
-        return self.renderer.dialect
-
-    @property
-    def dialect_choice(self) -> DialectChoice:
-        return self.renderer.choice
-
-    @property
     def queue_waiting(self) -> int:
         return 0  # vLLM queues; zllm bounds what it has in flight (max_queue)
 
@@ -175,17 +152,7 @@ class VllmEngineClient:
     def prefix_cache(self) -> PrefixCache | None:
         return self._index  # zllm's index of what it sent vLLM (module docstring)
 
-    def explain_near_miss(self, record):
-        """A near-miss record of the index, explained (`zllm cache explain-miss`). Blocking."""
-        return self.diagnosis.explain_near_miss(record)
-
-    def cache_diagnosis(self, response_id: str) -> tuple[str, CacheDiagnosis] | None:
-        return self.diagnosis.kept(response_id)
-
     # ------------------------------------------------------------------ EngineClient
-
-    def models(self) -> list[ModelCard]:
-        return [ModelCard(id=self.model_name, created=self.created, context_length=self.context_length)]
 
     async def submit(self, request: ChatRequest) -> VllmRequestStream:
         self._check_model(request.model)
@@ -208,27 +175,10 @@ class VllmEngineClient:
             stream._task.add_done_callback(lambda _: self._index.release(lease))
         return stream
 
-    async def check(self, model: str, request: ChatRequest | None = None) -> None:
-        self._check_model(model)
-        if request is not None:
-            self._room(await self.count_tokens(request))
-
     async def count_tokens(self, request: ChatRequest) -> int:
         self._check_model(request.model)
         render = partial(self.renderer.render, window=self.context_length)
         return len((await asyncio.get_running_loop().run_in_executor(None, render, request)).token_ids)
-
-    async def count_text_tokens(self, texts: Sequence[str]) -> list[int]:
-        def count() -> list[int]:
-            return [len(self._tokenizer.encode(text, add_special_tokens=False)) for text in texts]
-
-        return await asyncio.get_running_loop().run_in_executor(None, count)
-
-    async def diagnose_cache(self, stream: VllmRequestStream, *, namespace: str, response_id: str,
-                             previous_id: str | None) -> CacheDiagnosis | None:
-        return await asyncio.get_running_loop().run_in_executor(None, partial(
-            self.diagnosis.compare_and_keep, stream.fingerprint, namespace=namespace, response_id=response_id,
-            previous_id=previous_id))
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
         for task in list(self._live):
@@ -245,8 +195,7 @@ class VllmEngineClient:
 
     def _prepare(self, request: ChatRequest) -> tuple[RenderedPrompt, str | None, RequestFingerprint]:
         prompt = self.renderer.render(request, window=self.context_length)
-        spec = FenceSpec(tools=request.tools, choice=request.tool_choice, thinking=self.renderer.thinking(request),
-                         response_schema=request.response_format.schema if request.response_format else None)
+        spec = self._fence_spec(request)
         grammar = self.dialect.fence_grammar(spec, self.markup) if spec.constrains else None
         if grammar is not None:
             self.fences.compile(grammar)  # InvalidRequest now, not a vLLM 400 mid-stream (compiled once, cached)
@@ -281,7 +230,7 @@ class VllmEngineClient:
             stop_tokens=StopTokens(self.stop_token_ids, frozenset(request.sampling.stop_token_ids)),
             stop_strings=request.sampling.stop, max_tokens=max_tokens,
             token_text=lambda token_id: self._tokenizer.decode([token_id], skip_special_tokens=False),
-            hidden_ids=self._hidden_ids)
+            hidden_ids=self.hidden_ids)
         parser = self.dialect.parser(request.tools, thinking=self.renderer.thinking(request),
                                      new_call_id=new_tool_call_id)
         return TurnOutput(text_stage, parser or PlainTextParser())
@@ -385,16 +334,6 @@ class VllmEngineClient:
             # no total timeout: a long generation streams for minutes; a dead server shows as a closed connection
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self._session
-
-    def _check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise ModelNotFound(model, available=[self.model_name])
-
-    def _room(self, prompt_tokens: int) -> int:
-        room = self.context_length - prompt_tokens
-        if room < 1:
-            raise ContextLengthExceeded(prompt_tokens, self.context_length)
-        return room
 
     def _check_queue(self) -> None:
         if len(self._live) >= self.max_queue:
