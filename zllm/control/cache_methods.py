@@ -95,7 +95,7 @@ def resolve_namespace(given: str | None, entries: list[CacheEntry]) -> str | Non
 def predict_pruned(entries: list[CacheEntry], request: PruneRequest, now: float | None = None) -> list[CacheEntry]:
     """What a prune would remove, from the listing alone. Age follows each tier's rule (device: created,
     SSD: last used); a size bound drops least recently used entries until the tier's listed bytes fit (an
-    estimate: device entries share prefix spans, and an SSD snapshot goes only with its descendants)."""
+    estimate: device entries share prefix spans)."""
     now = time.time() if now is None else now
     candidates = [e for e in entries if e.tier in request.tiers]
     doomed: list[CacheEntry] = []

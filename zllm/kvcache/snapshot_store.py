@@ -121,7 +121,7 @@ class SnapshotStore:
     def _recover(self) -> int:
         """Trust only rows that agree with their blobs (the same check runs at every read). Returns the next
         generation."""
-        self.check = RowCheck(self.blobs, BLOB_SUFFIX, chains=False, bytes_per_token=self.token_bytes)
+        self.check = RowCheck(self.blobs, BLOB_SUFFIX, bytes_per_token=self.token_bytes)
         found = recover(self.index, self.check, self.quarantine_dir)
         self.rows = RowTable(found.rows)  # indexed for the longest-prefix lookup
         self.counters["quarantined"] += found.quarantined
@@ -169,7 +169,7 @@ class SnapshotStore:
         with self._lock:  # the row is trusted only while it still agrees with its blob, as at open
             row = self._readable(match)
             self._reading[row.generation] += 1
-            reason = self.check(row, self.rows)
+            reason = self.check(row)
         path = self.blobs / blob_file(row.generation)
         try:
             if reason is not None:
@@ -331,7 +331,7 @@ class SnapshotStore:
             assert not malformed, f"malformed rows {malformed}"
             assert {r.id: r.generation for r in rows} == {r.id: r.generation for r in self.rows.values()}
             for row in self.rows.values():
-                assert (reason := self.check(row, self.rows)) is None, f"{row.id}: {reason}"
+                assert (reason := self.check(row)) is None, f"{row.id}: {reason}"
                 try:
                     snapshot_frame.validate(self.blobs / blob_file(row.generation), layout=self.layout,
                                             tokens=row.length, token_sha256=token_sha256(row.tokens),

@@ -1,19 +1,18 @@
-"""The SSD tiers' one soundness check: an index row is trusted only once it agrees with its blob, at open and
+"""The SSD store's soundness check: an index row is trusted only once it agrees with its blob, at open and
 again at every read. The one SSD store (snapshot_store.py) uses it.
 
-    check = RowCheck(blobs_dir, ".zkv", chains=False, bytes_per_token=token_bytes)
+    check = RowCheck(blobs_dir, ".zkv", bytes_per_token=token_bytes)
     found = recover(index, check, quarantine_dir)   # at open: rows to trust, what was set aside, next generation
-    reason = check(row, rows)                       # at read: None, or why the row is no longer trusted
+    reason = check(row)                             # at read: None, or why the row is no longer trusted
 
 A row is sound when its generation is an integer in [0, GENERATION_LIMIT); its blob is a regular file of exactly
 the size the row records (the budget sums recorded sizes, so it counts only verified bytes); its token count is
-within MAX_TOKENS and, where the tier knows its bytes per token, one the blob can hold; and its parent, if any,
-is trusted, in the same namespace, and a prefix of it, with no loop. (A blob's contents are verified when read,
-by each tier's format: checksums, token hash, layout.)
+within MAX_TOKENS and, where the store knows its bytes per token, one the blob can hold; and it names no parent
+(an older zllm chained a turn's blob onto its parent's; every snapshot is whole now). (A blob's contents are
+verified when read, by the format: checksums, token hash, layout.)
 
 Nothing that fails is deleted silently: the row leaves the index, its blob goes to quarantine/ (set_aside.py),
-the tier counts it (`quarantined`, shown by `zllm cache stats`) and the reason is logged once. Snapshots built on
-it go with it (their KV starts with its tokens): their blobs are deleted, and the log line says how many.
+the store counts it (`quarantined`, shown by `zllm cache stats`) and the reason is logged once.
 
 Generations come from rows and blob file names, never without bounds. A file in blobs/ that is not named as
 this tier names blobs, with a generation in range, is not ours (a stray): set aside and counted (`strays`), and
@@ -25,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,24 +55,25 @@ def generation_of(name: str, suffixes: tuple[str, ...]) -> int | None:
 
 @dataclass(frozen=True)
 class RowCheck:
-    """What a tier's index rows must agree with: its blob directory and naming, whether rows may chain."""
+    """What the store's index rows must agree with: its blob directory and naming."""
 
     blobs: Path
     suffix: str  # a blob is <16 hex digits of its generation><suffix>
-    chains: bool = True  # the tensor tier stores a turn's new tokens on its parent's; llama.cpp's blobs are whole
-    bytes_per_token: int = 0  # a blob holds at least this much per token of its own (0: the tier cannot say)
+    bytes_per_token: int = 0  # a blob holds at least this much per token (0: the store cannot say)
 
     def blob_name(self, generation: int) -> str:
         return f"{generation:0{NAME_DIGITS}x}{self.suffix}"
 
-    def __call__(self, row: SnapshotRow, rows: Mapping[str, SnapshotRow], size: int | None = None) -> str | None:
-        """Why `row` cannot be trusted, or None. `rows`: the trusted rows (its parent must be one); `size`: the
-        blob's size when the caller has it open (else it is stat'ed)."""
+    def __call__(self, row: SnapshotRow, size: int | None = None) -> str | None:
+        """Why `row` cannot be trusted, or None. `size`: the blob's size when the caller has it open (else it is
+        stat'ed)."""
         if not generation_sound(row.generation):
             return f"generation {row.generation!r} is out of bounds"
         if not (0 < row.own_length and row.length <= MAX_TOKENS):
             return f"token count {row.length} is out of bounds"
-        return self._blob_problem(row, size) or self._parent_problem(row, rows)
+        if row.parent is not None:
+            return f"names a parent ({row.parent}), and this store writes none"
+        return self._blob_problem(row, size)
 
     def _blob_problem(self, row: SnapshotRow, size: int | None) -> str | None:
         if size is None:
@@ -91,46 +90,6 @@ class RowCheck:
             return f"a {size}-byte blob cannot hold {row.own_length} tokens"
         return None
 
-    def _parent_problem(self, row: SnapshotRow, rows: Mapping[str, SnapshotRow]) -> str | None:
-        if row.parent is None:
-            return None
-        if not self.chains:
-            return f"names a parent ({row.parent}), and this tier writes none"
-        parent = rows.get(row.parent)
-        if parent is None or parent.namespace != row.namespace or row.parent_len > parent.length:
-            return f"parent {row.parent} missing or incompatible"
-        if row.tokens[:4 * row.parent_len] != parent.tokens[:4 * row.parent_len]:
-            return f"tokens disagree with parent {row.parent}'s"
-        if chain_loops(row, rows):
-            return "parent chain loops"
-        return None
-
-
-def chain_loops(row: SnapshotRow, rows: Mapping[str, SnapshotRow]) -> bool:
-    """True when following parents never ends (a forged index can make a cycle)."""
-    for _ in range(len(rows) + 1):
-        if row.parent is None or row.parent not in rows:
-            return False
-        row = rows[row.parent]
-    return True
-
-
-def descendants(rows: Mapping[str, SnapshotRow], row_id: str) -> list[str]:
-    """Ids of the rows built on `row_id`, directly or not (cycles in a forged index are cut)."""
-    children: dict[str, list[str]] = {}
-    for row in rows.values():
-        if row.parent is not None:
-            children.setdefault(row.parent, []).append(row.id)
-    out, seen, stack = [], {row_id}, list(children.get(row_id, []))
-    while stack:
-        child = stack.pop()
-        if child in seen:
-            continue
-        seen.add(child)
-        out.append(child)
-        stack.extend(children.get(child, []))
-    return out
-
 
 @dataclass
 class Recovered:
@@ -138,39 +97,36 @@ class Recovered:
 
     rows: dict[str, SnapshotRow]
     next_generation: int
-    quarantined: int = 0  # rows set aside (with what was built on them), each logged with its reason
+    quarantined: int = 0  # rows set aside, each logged with its reason
     strays: int = 0  # files in blobs/ that this tier did not name, set aside
 
 
 def recover(index: SnapshotIndex, check: RowCheck, quarantine_dir: Path) -> Recovered:
     """Open-time sweep: drop malformed and unsound rows (their blobs set aside), set stray files aside, delete
-    what a crash left half done (temps, blobs renamed but never indexed, blobs of rows built on a dropped one)."""
+    what a crash left half done (temps, blobs renamed but never indexed, deletes cut short)."""
     rows, malformed = index.load()
     found = Recovered({row.id: row for row in rows}, 0)
     dropped, aside = [], set()  # ids out of the index; blob names kept for inspection
     for bad in malformed:
-        _quarantined(found, aside, bad.id, bad.reason, bad.generation, 0, check)
+        _quarantined(found, aside, bad.id, bad.reason, bad.generation, check)
         dropped.append(bad.id)
-    for row in rows:  # a row dropped takes its descendants along, checked or not
-        if row.id in found.rows and (reason := check(row, found.rows)) is not None:
-            victims = [row.id, *descendants(found.rows, row.id)]
-            for victim in victims:
-                found.rows.pop(victim)
-            _quarantined(found, aside, row.id, reason, row.generation, len(victims) - 1, check)
-            dropped.extend(victims)
+    for row in rows:
+        if (reason := check(row)) is not None:
+            found.rows.pop(row.id)
+            _quarantined(found, aside, row.id, reason, row.generation, check)
+            dropped.append(row.id)
     if dropped:
         index.delete(dropped)
     found.next_generation = _sweep(found, aside, check, quarantine_dir) + 1
     return found
 
 
-def _quarantined(found: Recovered, aside: set[str], row_id: str, reason: str, generation: object, built_on: int,
+def _quarantined(found: Recovered, aside: set[str], row_id: str, reason: str, generation: object,
                  check: RowCheck) -> None:
     found.quarantined += 1
     if generation_sound(generation):
         aside.add(check.blob_name(generation))
-    log.warning("kv cache: quarantined snapshot %s (%s)%s", row_id, reason,
-                f" and {built_on} built on it" if built_on else "")
+    log.warning("kv cache: quarantined snapshot %s (%s)", row_id, reason)
 
 
 def _sweep(found: Recovered, aside: set[str], check: RowCheck, quarantine_dir: Path) -> int:
@@ -188,7 +144,7 @@ def _sweep(found: Recovered, aside: set[str], check: RowCheck, quarantine_dir: P
             log.warning("kv cache: set aside blobs/%s: not a name this tier writes, or a generation out of range",
                         path.name)
             set_aside(path, quarantine_dir)
-        else:  # a temp, a blob renamed but never indexed, a delete cut short, a blob built on a dropped row
+        else:  # a temp, a blob renamed but never indexed, a delete cut short
             remove(path)
             largest = max(largest, generation)
     return largest

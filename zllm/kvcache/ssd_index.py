@@ -1,10 +1,8 @@
-"""The SSD tier's index: one sqlite row per snapshot, pointing at one immutable blob generation.
+"""The SSD tier's index: one sqlite row per snapshot, pointing at one immutable blob generation that holds
+the whole sequence (snapshot_store.py):
 
-A snapshot's KV is its parent's first `parent_len` tokens (recursively) followed by its own blob, which
-holds tokens [parent_len, length). Conversations therefore store each turn's new tokens once:
-
-    snapshots(id TEXT PRIMARY KEY, namespace, model, parent NULL|id, parent_len, tokens BLOB (int32 LE, the
-              full sequence), generation (→ blobs/<generation>.zkv), bytes (blob file size), round,
+    snapshots(id TEXT PRIMARY KEY, namespace, model, parent, parent_len, tokens BLOB (int32 LE, the full
+              sequence), generation (→ blobs/<generation>.zkv), bytes (blob file size), round, prompt_len,
               hint_key, created, last_used, hits)
     meta(key TEXT PRIMARY KEY, value TEXT)    e.g. measured restore/recompute rates
 
@@ -13,9 +11,12 @@ that is not a database, or is from a newer zllm, is set aside whole and the tier
 one that another process holds locked cannot be set aside (it is in use): `IndexLocked`, the tier stays off.
 
 The index is on disk too, so rows are validated on load (`SnapshotRow.__post_init__`), then checked against
-their blobs and parents at open and at every read (soundness.py); a row is inserted only after its blob is
+their blobs at open and at every read (soundness.py); a row is inserted only after its blob is
 durable (blob_commit.py's commit protocol), in one sqlite transaction, so a crash leaves the old index or the new
 one.
+
+`parent` / `parent_len` are an older zllm's: it stored a turn's new tokens on its parent's blob. This one writes
+NULL / 0, and a row that names a parent is set aside (soundness.py).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class SnapshotRow:
     namespace: str
     model: str
     parent: str | None
-    parent_len: int  # tokens that come from the parent chain; the blob holds tokens [parent_len, length)
+    parent_len: int  # an older zllm's chains (the module's docstring): 0 here
     tokens: bytes  # the full sequence, int32 LE (bytes: compact, and prefix tests are memcmp)
     generation: int
     nbytes: int  # the blob file's size
@@ -94,11 +95,6 @@ class SnapshotRow:
     @property
     def own_length(self) -> int:
         return self.length - self.parent_len
-
-    @property
-    def own_token_sha256(self) -> str:
-        """Binds the blob to this row: stored in the blob's metadata, recomputed from the row on read."""
-        return token_sha256(self.tokens[4 * self.parent_len:])
 
     @property
     def blob_name(self) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from zllm.canonical import ChatRequest, Event, Finished, Usage
+from zllm.canonical import ChatRequest, Event, Usage
 from zllm.diagnosis.fingerprint_store import FingerprintStore
 from zllm.diagnosis.records import RequestFingerprint
 from zllm.engine.loaded import DraftModel, LoadedModel
@@ -32,7 +32,7 @@ from zllm.ids import tool_call_id as new_tool_call_id
 from zllm.kvcache import CacheConfig
 from zllm.kvcache.contract import KVPrefixCache
 from zllm.prompt import RenderedPrompt
-from zllm.runtime.client_base import ClientBase
+from zllm.runtime.client_base import ClientBase, QueuedStream
 from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import Fence
 from zllm.runtime.loop_guard import LoopGuard
@@ -51,43 +51,16 @@ BIG_PROMPT_SLOTS = 2
 DRAFT_MODEL_SPECULATION = {"max_draft": 5, "max_backoff": 4}
 
 
-class LocalRequestStream:
-    """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
-
+class LocalRequestStream(QueuedStream):
     def __init__(self, request_id: str, prompt_tokens: int, engine_request: EngineRequest,
                  events: asyncio.Queue[Event], prompt_split: asyncio.Future[Usage],
                  fingerprint: RequestFingerprint | None = None):
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self._prompt_split = prompt_split  # set from the engine thread (EngineRequest.report_prompt)
-        # the prompt's digests and token ids, for cache diagnostics (zllm/diagnosis/fingerprint.py)
-        self.fingerprint = fingerprint
+        """`prompt_split` is set from the engine thread (EngineRequest.report_prompt)."""
+        super().__init__(request_id, prompt_tokens, events, prompt_split, fingerprint)
         self._engine_request = engine_request
-        self._events = events
-        self._iterated = False
-        self._finished = False
 
     def abort(self) -> None:
         self._engine_request.abort()
-
-    async def prompt_usage(self) -> Usage:
-        return await asyncio.shield(self._prompt_split)  # a cancelled waiter must not cancel the answer
-
-    async def __aiter__(self):
-        if self._iterated:
-            raise RuntimeError("a request stream can be iterated only once")
-        self._iterated = True
-        try:
-            while True:
-                event = await self._events.get()
-                if isinstance(event, Finished):
-                    self._finished = True
-                yield event
-                if self._finished:
-                    return
-        finally:
-            if not self._finished:  # the consumer stopped listening before the end: stop generating
-                self.abort()
 
 
 class LocalEngineClient(ClientBase):

@@ -1,4 +1,4 @@
-"""`ClientBase`: what both engine clients do alike — `LocalEngineClient` (runtime/client.py: the step-level engines,
+"""`ClientBase` and `QueuedStream`: what both engine clients do alike — `LocalEngineClient` (runtime/client.py: the step-level engines,
 in-process) and `VllmEngineClient` (engine/vllm/client.py: a request-level engine behind HTTP).
 
     class SomeClient(ClientBase):
@@ -10,7 +10,8 @@ in-process) and `VllmEngineClient` (engine/vllm/client.py: a request-level engin
 
 It holds the served model's prompt side — renderer, tool dialect, stop tokens, fence compiler, cache diagnosis —
 and the rules a request passes before it queues (`EngineClient.check`, zllm/canonical/client.py): the model is the
-one served, and the prompt leaves room for at least one output token.
+one served, and the prompt leaves room for at least one output token. Their request streams are `QueuedStream`s:
+events queued on the event loop, read once, aborted when the reader leaves early; each says how to `abort`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from zllm.canonical import ChatRequest, ModelCard
+from zllm.canonical import ChatRequest, Event, Finished, ModelCard, Usage
 from zllm.diagnosis.explain import MissExplanation
 from zllm.diagnosis.fingerprint_store import FingerprintStore
 from zllm.diagnosis.near_miss import NearMiss
-from zllm.diagnosis.records import CacheDiagnosis
+from zllm.diagnosis.records import CacheDiagnosis, RequestFingerprint
 from zllm.diagnosis.service import ServedDiagnosis
 from zllm.dialects import Dialect, FenceSpec
 from zllm.dialects.registry import DialectChoice
@@ -33,6 +34,40 @@ from zllm.prompt import PromptRenderer, model_stop_token_ids
 from zllm.prompt.dialect_check import check_renderer
 from zllm.prompt.stop_tokens import control_token_ids, single_token_ids
 from zllm.runtime.fence import FenceCompiler
+
+
+class QueuedStream:
+    """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
+
+    def __init__(self, request_id: str, prompt_tokens: int, events: asyncio.Queue[Event],
+                 prompt_split: asyncio.Future[Usage], fingerprint: RequestFingerprint | None = None):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        # the prompt's digests and token ids, for cache diagnostics (zllm/diagnosis/fingerprint.py)
+        self.fingerprint = fingerprint
+        self._events = events
+        self._prompt_split = prompt_split
+        self._iterated = False
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    async def prompt_usage(self) -> Usage:
+        return await asyncio.shield(self._prompt_split)  # a cancelled waiter must not cancel the answer
+
+    async def __aiter__(self):
+        if self._iterated:
+            raise RuntimeError("a request stream can be iterated only once")
+        self._iterated = True
+        finished = False
+        try:
+            while not finished:
+                event = await self._events.get()
+                finished = isinstance(event, Finished)
+                yield event
+        finally:
+            if not finished:  # the consumer stopped listening before the end: stop generating
+                self.abort()
 
 
 class ClientBase:

@@ -48,7 +48,7 @@ from zllm.kvcache.identity import request_namespace
 from zllm.kvcache.prefix_cache import Lease, PrefixCache
 from zllm.prompt import RenderedPrompt
 from zllm.prompt.tokenizer_files import TokenizerFiles, read_model_json
-from zllm.runtime.client_base import ClientBase
+from zllm.runtime.client_base import ClientBase, QueuedStream
 from zllm.runtime.detokenizer import IncrementalDetokenizer, raw_decoder
 from zllm.runtime.loop_guard import LoopGuard
 from zllm.runtime.output import OutputProcessor
@@ -63,40 +63,14 @@ BLOCK_TOKENS = 32
 _FINISH = {"length": FinishReason.LENGTH, "repetition": FinishReason.REPETITION, "abort": FinishReason.ABORT}
 
 
-class VllmRequestStream:
-    """An admitted request: iterate it (once) for its events; the last one is always `Finished`."""
-
+class VllmRequestStream(QueuedStream):
     def __init__(self, request_id: str, prompt_tokens: int, run: Callable[[], Any], split: asyncio.Future[Usage],
                  fingerprint: RequestFingerprint | None):
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self.fingerprint = fingerprint
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._split = split
+        super().__init__(request_id, prompt_tokens, asyncio.Queue(), split, fingerprint)
         self._task = asyncio.get_running_loop().create_task(run(self._events.put_nowait))
-        self._iterated = False
 
     def abort(self) -> None:
         self._task.cancel()  # closes the HTTP stream: vLLM aborts the request; run() still sends Finished(ABORT)
-
-    async def prompt_usage(self) -> Usage:
-        return await asyncio.shield(self._split)
-
-    async def __aiter__(self):
-        if self._iterated:
-            raise RuntimeError("a request stream can be iterated only once")
-        self._iterated = True
-        finished = False
-        try:
-            while True:
-                event = await self._events.get()
-                finished = isinstance(event, Finished)
-                yield event
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort()
 
 
 class VllmEngineClient(ClientBase):
