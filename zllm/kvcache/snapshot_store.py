@@ -33,8 +33,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
