@@ -131,6 +131,21 @@ def copy_into(dest: KVState, start: int, source: KVState) -> None:
             d[..., start:start + n, :].copy_(s)
 
 
+def buffers_key(state: KVState) -> int:
+    """Which working set a state lives in: its first tensor's storage (every tensor of a set grows together)."""
+    return state[0][0].untyped_storage().data_ptr()
+
+
+def whole_buffers(state: KVState, layout: KVLayout) -> KVState:
+    """The whole working set `state` is the filled part of (kv_layers.py: `buffer[..., :length, :]`, each buffer
+    one contiguous allocation of `capacity` tokens): views of every token its storages hold."""
+    def whole(tensor: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+        shape = spec.full_shape(tensor.untyped_storage().nbytes() // spec.row_bytes)
+        return tensor.as_strided(shape, torch.empty(shape, device="meta").stride(), 0)
+
+    return tuple(tuple(whole(t, spec) for t, spec in zip(layer, specs)) for layer, specs in zip(state, layout.layers))
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Real bytes held by `tensors`: each distinct storage once, whole (a view pins its entire storage)."""
     seen: dict[tuple[str, int], int] = {}
