@@ -36,8 +36,8 @@ def capacity(state: KVState) -> int:
 
 @dataclass(eq=False)
 class Backing:
-    buffers: KVState  # the whole working set, full capacity
-    viewers: set[Node] = field(default_factory=set)  # nodes whose KV is a view of it at their own positions
+    buffers: KVState = field(repr=False)  # the whole working set, full capacity
+    viewers: set[Node] = field(default_factory=set, repr=False)  # nodes whose KV is a view of it at their own positions
     running: bool = False  # a running request adopted it: it appends past the frontier
     nbytes: int = 0
     # SSD exports in flight (the writer thread reads them): id → tokens read; each leaves when its callable is freed

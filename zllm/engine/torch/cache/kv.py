@@ -55,8 +55,11 @@ class Span:
 class TorchKV:
     shares_prefixes = True
 
-    def __init__(self, layout: KVLayout, device: torch.device | str):
+    def __init__(self, layout: KVLayout, device: torch.device | str, *, keep_working_sets: bool = True):
+        """`keep_working_sets` False: every kept span is cloned and every hit copies (the behaviour before working
+        sets were kept; bench/torch_hit_copy.py measures one against the other)."""
         self.layout = layout
+        self.keep_working_sets = keep_working_sets
         self.bytes_per_token = self.token_bytes = layout.bytes_per_token
         self.snapshot_layout = layout.key
         self.pool = BufferPool(layout, device)
@@ -236,7 +239,7 @@ class TorchKV:
         """The working set a finished request's new span is kept as a view of: the one it adopted, or the set it
         ran in (or grew into) when at least half of it is the kept sequence. None: clone the span (a short
         sequence in a large set, or a state that is no running request's)."""
-        if running is None:
+        if running is None or not self.keep_working_sets:
             return None
         adopted = self.backings.get(buffers_key(running))
         if adopted is not None and adopted.running and buffers_key(state) == adopted.key:
