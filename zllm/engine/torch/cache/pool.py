@@ -2,7 +2,8 @@
 
 A working set is one preallocated buffer per KV tensor with room for `capacity` tokens
 (`[1, kv_heads, capacity, head_dim]`): a restore writes the cached prefix into it, prefill and decode then
-append in place (no per-token reallocation), and at the end the set comes back here for the next request.
+append in place (no per-token reallocation), and at the end the set comes back here for the next request — unless
+the prefix cache keeps it whole for the next turn to run in (backing.py).
 Reusing it avoids allocating (and page-faulting) hundreds of MB per request; the pool's bytes are part of
 the device budget (the tier evicts to make room for them), so growth is never silent.
 

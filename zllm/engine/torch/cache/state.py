@@ -8,7 +8,8 @@ shape [1, seq, rank] — same axis rule), only that every tensor of every layer 
 axis -2. `KVLayout` is the per-token part of each shape plus the dtype: what a saved snapshot must match.
 
 Bytes are always counted from the tensors' storages, deduplicated, so views never count twice and a view
-that keeps a large storage alive counts the whole storage (which is why spans kept at rest are clones).
+that keeps a large storage alive counts the whole storage (a span kept at rest is a clone, or a view of a working set
+kept whole because the span fills most of it: backing.py).
 """
 
 from __future__ import annotations
