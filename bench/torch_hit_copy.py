@@ -114,7 +114,7 @@ class Conversation:
         self.decode.append(tok_s)
 
     def summary(self) -> dict[str, object]:
-        return {"mode": self.mode, "kept_tokens": len(self.sequence), "hits": len(self.ttft),
+        return {"mode": self.mode, "tokens_at_end": len(self.sequence), "hits": len(self.ttft),
                 "hit_ttft_s": round(statistics.median(self.ttft), 4),
                 "acquire_s": round(statistics.median(self.acquire), 4),
                 "decode_tok_s": round(statistics.median(self.decode), 2), "held_mib": self.kv.held_bytes() >> 20,
