@@ -130,6 +130,20 @@ def test_an_export_in_flight_is_never_written_over() -> None:
     cache.check_integrity()
 
 
+def test_a_conversation_that_outgrows_its_set_moves_to_the_grown_one() -> None:
+    cache = make_cache()
+    base = random_tokens(700)
+    serve(cache, base, rid="t1")
+    first = storage_of(cache, "t1")
+    turn2 = base + random_tokens(400, random.Random(1))  # 1,100 tokens: past the 1,024-token set, it doubles
+    assert buffers_key(serve(cache, turn2, rid="t2").kv) == first
+    path = cache.graph.entries["t2"].kv.node.path()
+    assert {buffers_key(node.kv) for node in path} == {storage_of(cache, "t2")} != {first}
+    assert cache.kv.held_bytes() == 2048 * BPT, "the first set was let go: one set holds the conversation"
+    assert buffers_key(serve(cache, turn2 + (5,), rid="t3").kv) == storage_of(cache, "t2")
+    cache.check_integrity()
+
+
 def test_random_turns_forks_and_prunes_keep_every_restore_exact() -> None:
     """`serve` asserts that each restored prefix is exactly the synthetic KV of its tokens and positions."""
     rng = random.Random(5)

@@ -138,7 +138,7 @@ class TorchKV:
             backing = self._backing_to_keep(tokens, state, running)
             node, _ = tree.insert(tokens, state, backing)
             if backing is not None:
-                self._gather(tree, node, backing)
+                self._gather(tree, node, backing, buffers_key(running))
                 self._settle(backing)  # the sequence was all there, on other sets: this one is not needed
             node.entries.add(entry_id)
             return Span(namespace, node, entry_id)
@@ -249,9 +249,10 @@ class TorchKV:
             return None
         return self.backings.setdefault(buffers_key(buffers), Backing(buffers))
 
-    def _gather(self, tree: RadixTree, node: Node, backing: Backing) -> None:
+    def _gather(self, tree: RadixTree, node: Node, backing: Backing, running: int) -> None:
         """Point the kept path at `backing` (it holds the whole sequence) wherever that frees something: owned
-        spans, and other working sets only this path views. The chain then lives in one set, adoptable whole."""
+        spans, and other working sets only this path views (the one the request adopted and outgrew, `running`,
+        too). The chain then lives in one set, adoptable whole."""
         path = node.path()
         on_path = set(path)
         for step in path:
@@ -260,7 +261,7 @@ class TorchKV:
                 continue
             if other is None:
                 tree.view(step, backing)
-            elif not other.running and other.viewers <= on_path:
+            elif (not other.running or other.key == running) and other.viewers <= on_path:
                 for viewer in list(other.viewers):
                     tree.view(viewer, backing)
                 self._settle(other)
