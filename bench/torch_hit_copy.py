@@ -1,6 +1,6 @@
 """torch prefix cache: a hit that copies the kept prefix vs one that runs in the kept working set, side by side.
 
-    .venv/bin/python bench/torch_hit_copy.py [--kept 4096 16384] [--turns 8] [--new 64] [--decode 16] [--threads 1]
+    .venv/bin/python bench/torch_hit_copy.py [--kept 4096 16384] [--turns 10] [--new 64] [--decode 24] [--threads 1]
 
 A random-weight Qwen3 with a realistic KV per token (16 layers x 8 KV heads x 64 x float32: 64 KiB, Llama-3-8B's
 bf16 KV is 128 KiB) on the CPU, driven through the cache and engine seams in the engine loop's order
@@ -45,9 +45,9 @@ VOCAB = 4096
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kept", type=int, nargs="+", default=[4096, 16384], help="kept tokens before the hit")
-    parser.add_argument("--turns", type=int, default=8, help="hits per mode and size (each continues the last)")
+    parser.add_argument("--turns", type=int, default=10, help="hits per mode and size (each continues the last)")
     parser.add_argument("--new", type=int, default=64, help="new prompt tokens per turn")
-    parser.add_argument("--decode", type=int, default=16, help="greedy tokens per turn")
+    parser.add_argument("--decode", type=int, default=24, help="greedy tokens per turn")
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args()
 
