@@ -8,8 +8,8 @@ diagnostics behind it; the runtime sees only contract.py's seam.
     # or cache.release(lease) when the state must not be kept (the request failed mid-forward)
 
 Lookup order: the entry graph's longest prefix (entry_graph.py; an exact id / client key hint is verified against
-it), shared into a new running sequence by the backend (torch copies the spans into pooled buffers; llama.cpp
-shares the cells); then the SSD tier when it has a longer prefix and the measured estimate says reading beats
+it), shared into a new running sequence by the backend (torch runs the next turn in the kept working set, or copies
+the spans into pooled buffers; llama.cpp shares the cells); then the SSD tier when it has a longer prefix and the measured estimate says reading beats
 recomputing; else cold. A hit never covers the whole prompt: the last prompt token is always prefilled, because
 its logits are what the first output token is sampled from.
 
@@ -248,7 +248,7 @@ class PrefixCache(CacheTiers):
               room: int) -> Lease:
         """A lease on a running sequence with room for `room` tokens: evict first (the entry to share from last),
         then share the found prefix into it (or open an empty one). Once shared, the running sequence holds the prefix
-        on its own (torch copied it; llama.cpp's cells stay while any sequence holds them): nothing pins the entry.
+        on its own (torch copied it or holds its kept working set; llama.cpp's cells stay while any sequence holds them): nothing pins the entry.
         Caller holds the lock."""
         source = found.source if length > 0 else None
         if source is not None:

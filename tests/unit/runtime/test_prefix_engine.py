@@ -129,7 +129,8 @@ def test_after_random_aborts_resident_bytes_are_what_retained_sessions_account_f
     retained = {id(n): n for e in cache.graph.entries.values() for n in e.kv.node.path()}
     assert cache.kv.held_bytes() == storage_bytes(t for n in retained.values() for t in state_tensors(n.kv))
     assert sum(len(tree.nodes()) for tree in cache.kv.trees.values()) == len(retained)  # nothing else is held
-    assert all(n.locks == 0 for n in retained.values()) and cache.kv.pool.bytes == cache.kv.pool.idle_bytes()
+    assert cache.kv.reserved_bytes() == 0 and not any(b.running for b in cache.kv.backings.values())
+    assert cache.kv.pool.bytes == cache.kv.pool.idle_bytes()
 
 
 def test_two_branches_off_a_long_shared_prefix_cost_little_more_than_one(make_client) -> None:
@@ -186,7 +187,7 @@ def test_a_failed_request_keeps_nothing_and_returns_its_buffers(make_client, mon
     assert finished.reason is FinishReason.ERROR and finished.usage.cached_tokens > 0  # it did restore "ok"
     assert "bad" not in cache.graph.entries and "ok" in cache.graph.entries
     assert cache.kv.pool.bytes == cache.kv.pool.idle_bytes()  # the working set came back
-    assert all(n.locks == 0 for tree in cache.kv.trees.values() for n in tree.nodes())
+    assert cache.kv.reserved_bytes() == 0 and not any(b.running for b in cache.kv.backings.values())
     cache.check_integrity()
 
 

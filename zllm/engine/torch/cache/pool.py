@@ -2,7 +2,8 @@
 
 A working set is one preallocated buffer per KV tensor with room for `capacity` tokens
 (`[1, kv_heads, capacity, head_dim]`): a restore writes the cached prefix into it, prefill and decode then
-append in place (no per-token reallocation), and at the end the set comes back here for the next request.
+append in place (no per-token reallocation), and at the end the set comes back here for the next request — unless
+the prefix cache keeps it whole for the next turn to run in (backing.py).
 Reusing it avoids allocating (and page-faulting) hundreds of MB per request; the pool's bytes are part of
 the device budget (the tier evicts to make room for them), so growth is never silent.
 
@@ -16,7 +17,7 @@ import threading
 
 import torch
 
-from zllm.engine.torch.cache.state import KVLayout, KVState, state_tensors, storage_bytes
+from zllm.engine.torch.cache.state import KVLayout, KVState, buffers_key, state_tensors, storage_bytes
 
 # capacities are rounded up so that slightly longer requests reuse the same buffers
 CAPACITY_QUANTUM = 1024
@@ -79,6 +80,20 @@ class BufferPool:
             keep = current if current is not None and _capacity(current) > _capacity(taken) else taken
             if self._idle is None or _capacity(keep) >= _capacity(self._idle):
                 self._idle = keep
+
+    def hand_over(self, taken: KVState, kept: KVState) -> None:
+        """The prefix cache keeps `kept` (what `taken` became, or a set it grew into): it is no longer the pool's;
+        `taken`, if the request outgrew it, may still serve as the idle set."""
+        with self._lock:
+            self._in_use = [s for s in self._in_use if s is not taken]
+        if buffers_key(kept) != buffers_key(taken):
+            self.offer(taken)
+
+    def offer(self, working: KVState) -> None:
+        """A set no one holds any more: the idle set if it is larger than the current one."""
+        with self._lock:
+            if self._idle is None or _capacity(working) > _capacity(self._idle):
+                self._idle = working
 
     def discard_idle(self) -> int:
         """Free the idle set (the tier needs its bytes); returns bytes freed."""

@@ -8,7 +8,8 @@ shape [1, seq, rank] — same axis rule), only that every tensor of every layer 
 axis -2. `KVLayout` is the per-token part of each shape plus the dtype: what a saved snapshot must match.
 
 Bytes are always counted from the tensors' storages, deduplicated, so views never count twice and a view
-that keeps a large storage alive counts the whole storage (which is why spans kept at rest are clones).
+that keeps a large storage alive counts the whole storage (a span kept at rest is a clone, or a view of a working set
+kept whole because the span fills most of it: backing.py).
 """
 
 from __future__ import annotations
@@ -129,6 +130,21 @@ def copy_into(dest: KVState, start: int, source: KVState) -> None:
     for dest_layer, source_layer in zip(dest, source):
         for d, s in zip(dest_layer, source_layer):
             d[..., start:start + n, :].copy_(s)
+
+
+def buffers_key(state: KVState) -> int:
+    """Which working set a state lives in: its first tensor's storage (every tensor of a set grows together)."""
+    return state[0][0].untyped_storage().data_ptr()
+
+
+def whole_buffers(state: KVState, layout: KVLayout) -> KVState:
+    """The whole working set `state` is the filled part of (kv_layers.py: `buffer[..., :length, :]`, each buffer
+    one contiguous allocation of `capacity` tokens): views of every token its storages hold."""
+    def whole(tensor: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+        shape = spec.full_shape(tensor.untyped_storage().nbytes() // spec.row_bytes)
+        return tensor.as_strided(shape, torch.empty(shape, device="meta").stride(), 0)
+
+    return tuple(tuple(whole(t, spec) for t, spec in zip(layer, specs)) for layer, specs in zip(state, layout.layers))
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
