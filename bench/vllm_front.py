@@ -1,10 +1,11 @@
 """zllm's own overhead in front of vLLM: the same chat requests to vLLM's OpenAI server and to zllm in front of it.
 
     .venv/bin/python bench/vllm_front.py MODEL_DIR --vllm-python PATH [--threads 1] [--rounds 3] [--tokens 64]
-        [--vllm-args "--enforce-eager"]
+        [--vllm-args "--enforce-eager"] [--vllm-url http://127.0.0.1:PORT]
 
 MODEL_DIR: a safetensors model in a zllm store, DATA_DIR/models/NAME. One `zllm serve --backend vllm` starts one
-vLLM server (the flags zllm passes, plus --vllm-args); both sides are then that one server: vLLM's own
+vLLM server (the flags zllm passes, plus --vllm-args), or attaches to one already running (--vllm-url: started
+with the flags server.py's `server_args` lists); both sides are then that one server: vLLM's own
 `/v1/chat/completions` (its template, its detokenizer) and zllm's (zllm's template, token ids through
 `/inference/v1/generate`, zllm's detokenizer and parsers). Requests are streamed, temperature 0, `--tokens`
 output tokens forced (ignore_eos on vLLM's side; zllm: max_tokens and a prompt that rarely ends early), and
@@ -40,15 +41,17 @@ SYSTEM = ("You are a careful coding assistant. You read the code, explain what i
           "changes with a short reason for each. ") * 8
 
 
-def start_daemon(model_dir: Path, python: str, threads: int, vllm_args: str) -> tuple[subprocess.Popen, int, Path]:
+def start_daemon(model_dir: Path, python: str, threads: int, vllm_args: str,
+                 vllm_url: str | None) -> tuple[subprocess.Popen, int, Path]:
     scratch = Path(tempfile.mkdtemp(prefix="zllm-vllm-bench-"))
     port = free_port()
     env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
            "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run")}
     log = open(scratch / "daemon.log", "w")
+    engine = ["--vllm-url", vllm_url] if vllm_url else ["--vllm-python", python, "--vllm-args", vllm_args,
+                                                        "--context-length", "4096"]
     proc = subprocess.Popen([sys.executable, "-m", "zllm", "serve", "--model", model_dir.name, "--port", str(port),
-                             "--threads", str(threads), "--backend", "vllm", "--vllm-python", python,
-                             "--vllm-args", vllm_args, "--cache-budget-mb", "1024", "--context-length", "4096"],
+                             "--threads", str(threads), "--backend", "vllm", *engine, "--cache-budget-mb", "1024"],
                             stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -113,13 +116,17 @@ def conversation(client: openai.OpenAI, model: str, tokens: int, extra: dict) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model_dir", type=Path)
-    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--vllm-python", default="")
+    parser.add_argument("--vllm-url", default=None, help="a vLLM server already running (else zllm starts one)")
     parser.add_argument("--vllm-args", default="--enforce-eager")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    proc, port, scratch = start_daemon(args.model_dir.resolve(), args.vllm_python, args.threads, args.vllm_args)
+    if not (args.vllm_python or args.vllm_url):
+        parser.error("--vllm-python or --vllm-url is needed")
+    proc, port, scratch = start_daemon(args.model_dir.resolve(), args.vllm_python, args.threads, args.vllm_args,
+                                       args.vllm_url)
     try:
         url = vllm_url(scratch)
         sides = {"vllm": (openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600),
