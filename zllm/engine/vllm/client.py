@@ -240,12 +240,11 @@ class VllmEngineClient:
             previous_id=previous_id))
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
-        if self._waiting_watch is not None:
-            self._waiting_watch.cancel()
-        for task in list(self._live):
+        watch = [self._waiting_watch] if self._waiting_watch is not None else []
+        for task in [*watch, *self._live]:
             task.cancel()
-        if self._live:
-            await asyncio.wait(list(self._live), timeout=timeout)
+        if self._live or watch:
+            await asyncio.wait([*self._live, *watch], timeout=timeout)
         if self._session is not None:
             await self._session.close()
         if self._index is not None:

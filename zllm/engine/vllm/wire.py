@@ -118,8 +118,7 @@ def waiting_requests(metrics: str) -> int:
     `vllm:num_requests_waiting{engine="0",model_name=".."} 3.0`. 0 when the metric is absent."""
     total = 0.0
     for line in metrics.splitlines():
-        name, _, rest = line.partition("{")
-        if name == WAITING_METRIC or line.startswith(WAITING_METRIC + " "):
+        if line.startswith((WAITING_METRIC + "{", WAITING_METRIC + " ")):  # not ..._waiting_by_reason
             try:
                 total += float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
