@@ -57,9 +57,19 @@ class Served:
     daemon: Daemon
     model: str
     context: int
+    data_dir: Path
+    # what another daemon passes to serve the same engine: the same local model, or the same vLLM server (attached)
+    sibling_args: tuple[str, ...]
 
     def openai(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.daemon.base_url}/v1", api_key="test-key", max_retries=0, timeout=120)
+
+    def sibling(self, where: Path, env: dict[str, str] | None = None) -> Daemon:
+        """Another daemon on the same engine, beside the module's (its own data dir over the same models): a
+        restart test starts one, stops it and starts another with the same state. On vLLM it attaches to the
+        module's server, so zllm restarts while vLLM stays up (one vLLM start per module)."""
+        return Daemon(linked_data_dir(self.data_dir, where), self.model, *self.sibling_args,
+                      env=env).wait_ready(timeout=300)
 
 
 # local: the tiny random-weight model in process; vllm: the default model as safetensors behind a real vLLM server
@@ -74,8 +84,9 @@ def served(request: pytest.FixtureRequest, tiny_data_dir: Path, tmp_path_factory
     """The module's daemon on each engine in turn (module-scoped: one vLLM server per module at most)."""
     if request.param == "local":
         data_dir = linked_data_dir(tiny_data_dir, tmp_path_factory.mktemp("served-local"))
-        daemon = Daemon(data_dir, TINY, "--context-length", str(LOCAL_CONTEXT)).wait_ready()
-        yield Served("local", daemon, TINY, LOCAL_CONTEXT)
+        args = ("--context-length", str(LOCAL_CONTEXT))
+        daemon = Daemon(data_dir, TINY, *args).wait_ready()
+        yield Served("local", daemon, TINY, LOCAL_CONTEXT, data_dir, args)
     else:
         from tests.support.vllm_server import vllm_model_dir, vllm_python
 
@@ -85,5 +96,7 @@ def served(request: pytest.FixtureRequest, tiny_data_dir: Path, tmp_path_factory
         daemon = Daemon(data_dir, "smollm2-st", "--backend", "vllm", "--vllm-python", python,
                         "--vllm-args", "--enforce-eager", "--context-length", str(VLLM_CONTEXT),
                         "--cache-budget-mb", "1024").wait_ready(timeout=600)
-        yield Served("vllm", daemon, "smollm2-st", VLLM_CONTEXT)
+        url = daemon.control().call("ps")["models"][0]["device"]
+        yield Served("vllm", daemon, "smollm2-st", VLLM_CONTEXT, data_dir,
+                     ("--backend", "vllm", "--vllm-url", url, "--cache-budget-mb", "1024"))
     daemon.stop()

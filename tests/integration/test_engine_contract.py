@@ -1,17 +1,24 @@
 """The contract a client relies on, the same on every engine (conftest.py's `served`: the local engine, and vLLM
 when a vLLM Python is configured): the three APIs' streaming shapes, tool calls under fences, a second turn's
-cached tokens, cancellation and bad input. One daemon per engine for the module."""
+cached tokens, Responses chains across a zllm restart, cancellation and bad input. One daemon per engine for the
+module (the restart test's daemons share its engine: on vLLM they attach to its server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from pathlib import Path
+
+import aiohttp
 
 import anthropic
+import openai
 import pytest
 import requests
 
 from tests.integration.conftest import Served
+from tests.support.daemon import Daemon
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -94,6 +101,53 @@ def test_the_second_turn_reports_cached_tokens(served: Served) -> None:
              {"role": "user", "content": "Bye."}]
     second = client.chat.completions.create(model=served.model, messages=turn2, max_tokens=4, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_responses_chain_continues_across_a_zllm_restart(served: Served, tmp_path: Path) -> None:
+    """Turn 1 on one daemon; a new daemon over the same state (on vLLM: the same server, which kept its KV)
+    continues it with `previous_response_id`, over HTTP and then over the WebSocket, from the prefix cache."""
+    # one install: the state dir (responses, the namespace secret) and the cache dir (the local engines' SSD tier)
+    env = {"ZLLM_CACHE_DIR": str(tmp_path / "cache"), "ZLLM_SSD_MIN_TOKENS": "1"}
+    opening = [{"role": "developer", "content": SYSTEM}, {"role": "user", "content": "Say hello."}]
+    before = served.sibling(tmp_path / "before", env)
+    try:
+        first = responses(before).create(model=served.model, input=opening, max_output_tokens=6, temperature=0)
+    finally:
+        before.stop()  # SIGTERM: the local engine's snapshot writes finish first
+    after = served.sibling(tmp_path / "after", env)
+    try:
+        client = responses(after)
+        assert client.retrieve(first.id).output_text == first.output_text
+        second = client.create(model=served.model, input="And goodbye?", previous_response_id=first.id,
+                               max_output_tokens=6, temperature=0)
+        assert second.previous_response_id == first.id
+        # the stored turn is in the prompt (input and output), and its prefix came from the cache
+        assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens // 2
+        assert second.usage.input_tokens_details.cached_tokens > 0
+        third = asyncio.run(websocket_turn(after, {"type": "response.create", "model": served.model,
+                                                   "previous_response_id": second.id, "input": "Once more.",
+                                                   "max_output_tokens": 6, "temperature": 0}))
+        assert third["type"] in ("response.completed", "response.incomplete"), third
+        assert third["response"]["previous_response_id"] == second.id
+        assert third["response"]["usage"]["input_tokens"] > second.usage.input_tokens
+        assert third["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    finally:
+        after.stop()
+
+
+def responses(daemon: Daemon):
+    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="test-key", max_retries=0, timeout=120).responses
+
+
+async def websocket_turn(daemon: Daemon, frame: dict) -> dict:
+    """One `response.create` over the Responses WebSocket; its last frame."""
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer test-key"}) as session:
+        async with session.ws_connect(f"{daemon.base_url}/v1/responses") as ws:
+            await ws.send_json(frame)
+            while True:
+                last = await asyncio.wait_for(ws.receive_json(), 120)
+                if last["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+                    return last
 
 
 def test_a_cancelled_stream_frees_its_request(served: Served) -> None:

@@ -3,7 +3,8 @@
 What must hold in front of vLLM as on the local engines: the three APIs answer (Chat, Responses over SSE and
 WebSocket, Messages); a second turn reports cached tokens; `tool_choice: required` gives a valid call (zllm's
 fence grammar, run by vLLM); two API keys never share a cache entry (their cache_salt differs); a client that
-disconnects frees the vLLM request; `zllm ps` says vllm; the vLLM server goes with the daemon, even a kill -9.
+disconnects frees the vLLM request; `zllm ps` says vllm; `zllm status` counts the requests vLLM has not
+scheduled; the vLLM server goes with the daemon, even a kill -9.
 Skips when no vLLM Python is configured (tests/support/vllm_server.py); CI builds one (.ci/vllm-venv).
 """
 
@@ -29,6 +30,7 @@ from zllm.models import ModelStore
 
 MODEL = "smollm2-st"
 KEYS = ("key-one", "key-two")
+MAX_SEQS = 2
 SYSTEM = "You are a helpful assistant who answers in one short sentence. " * 12  # > 4 vLLM blocks of 32 tokens
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,7 +41,9 @@ def vllm_daemon(tmp_path_factory: pytest.TempPathFactory):
     python = vllm_python()
     data_dir = tmp_path_factory.mktemp("vllm-data")
     ModelStore(data_dir / "models").pull(str(vllm_model_dir()), name=MODEL)
-    daemon = Daemon(data_dir, MODEL, "--backend", "vllm", "--vllm-python", python, "--vllm-args", "--enforce-eager",
+    # two sequences at a time: a third request waits in vLLM's queue (test_status_counts_what_vllm_has_waiting)
+    daemon = Daemon(data_dir, MODEL, "--backend", "vllm", "--vllm-python", python,
+                    "--vllm-args", f"--enforce-eager --max-num-seqs {MAX_SEQS}",
                     "--context-length", "2048", "--cache-budget-mb", "1024", "--api-keys", ",".join(KEYS))
     daemon.wait_ready(timeout=600)
     yield daemon
@@ -136,6 +140,21 @@ def test_a_client_that_disconnects_frees_the_vllm_request(vllm_daemon: Daemon) -
     assert wait_until(lambda: running_requests(url) == 0, 30)
     # gone without finishing: vLLM counts requests that end (stop, length, ...) but not aborted ones
     assert finished_requests(url) == finished
+
+
+def test_status_counts_what_vllm_has_waiting(vllm_daemon: Daemon) -> None:
+    """vLLM runs MAX_SEQS sequences at once: the one request more waits in its queue, and `zllm status` says so
+    (vLLM's own count, read off its /metrics)."""
+    streams = [chat(vllm_daemon).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Write the numbers from {n} to 900, one per line."}],
+        max_tokens=1500, temperature=0, stream=True) for n in range(MAX_SEQS + 1)]
+    control = vllm_daemon.control()
+    try:
+        assert wait_until(lambda: control.call("status")["queue_waiting"] == 1, 15)
+    finally:
+        for stream in streams:
+            stream.close()
+    assert wait_until(lambda: control.call("status")["queue_waiting"] == 0, 15)
 
 
 def wait_until(condition, timeout: float) -> bool:

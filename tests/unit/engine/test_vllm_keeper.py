@@ -119,6 +119,18 @@ def test_the_generate_body_and_chunks() -> None:
     assert wire.read_chunk("[DONE]").done
 
 
+def test_the_waiting_count_is_read_off_vllms_metrics() -> None:
+    metrics = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 3.0
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+"""
+    assert wire.waiting_requests(metrics) == 4  # both engines, and no other metric
+    assert wire.waiting_requests("") == 0
+
+
 def test_the_client_without_a_server(tmp_path) -> None:
     """The vLLM client is a ServedEngine; a bad tool schema is refused before anything is sent; a server that is
     not there ends the stream with Finished(ERROR), not an exception in the API layer."""

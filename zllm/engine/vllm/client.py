@@ -60,6 +60,9 @@ log = logging.getLogger("zllm.engine.vllm")
 
 # vLLM's prefix cache works in whole blocks (--block-size; zllm starts it with 32)
 BLOCK_TOKENS = 32
+# how often vLLM's waiting count is read (its /metrics, ~57 KB) while zllm has requests in flight: a request that
+# ends sooner never costs a read
+WAITING_POLL_S = 1.0
 _FINISH = {"length": FinishReason.LENGTH, "repetition": FinishReason.REPETITION, "abort": FinishReason.ABORT}
 
 
@@ -97,6 +100,8 @@ class VllmEngineClient(ClientBase):
         self._tokenizer = tokenizer
         self._session = session
         self._live: set[asyncio.Task] = set()
+        self._waiting = 0  # vLLM's waiting count, as last read (queue_waiting)
+        self._waiting_watch: asyncio.Task | None = None
         self._index = (PrefixCache(cache_config, RemoteKV(kv_bytes_per_token(config)), cost_key="vllm",
                                    decode=raw_decoder(tokenizer, skip_special_tokens=False))
                        if cache_config is not None and cache_config.rounds > 0 else None)
@@ -120,7 +125,9 @@ class VllmEngineClient(ClientBase):
 
     @property
     def queue_waiting(self) -> int:
-        return 0  # vLLM queues; zllm bounds what it has in flight (max_queue)
+        """Requests vLLM received and has not scheduled yet (its `vllm:num_requests_waiting`; on a shared server
+        other clients' too), read every WAITING_POLL_S while zllm has requests in flight; 0 when it has none."""
+        return self._waiting if self._live else 0
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -147,6 +154,8 @@ class VllmEngineClient(ClientBase):
         stream._task.add_done_callback(self._live.discard)
         if lease is not None:  # a task cancelled before it ran never reaches _run's own release
             stream._task.add_done_callback(lambda _: self._index.release(lease))
+        if self._waiting_watch is None or self._waiting_watch.done():
+            self._waiting_watch = asyncio.get_running_loop().create_task(self._watch_waiting())
         return stream
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -155,10 +164,11 @@ class VllmEngineClient(ClientBase):
         return len((await asyncio.get_running_loop().run_in_executor(None, render, request)).token_ids)
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
-        for task in list(self._live):
+        watch = [self._waiting_watch] if self._waiting_watch is not None else []
+        for task in [*watch, *self._live]:
             task.cancel()
-        if self._live:
-            await asyncio.wait(list(self._live), timeout=timeout)
+        if self._live or watch:
+            await asyncio.wait([*self._live, *watch], timeout=timeout)
         if self._session is not None:
             await self._session.close()
         if self._index is not None:
@@ -302,6 +312,21 @@ class VllmEngineClient(ClientBase):
                                          completion_tokens=completion, ttft_s=ttft,
                                          dialect=self.dialect.name,
                                          finish_reason=reason.value if reason is not None else None))
+
+    async def _watch_waiting(self) -> None:
+        """Read vLLM's waiting count while zllm has requests in flight (queue_waiting)."""
+        while True:
+            await asyncio.sleep(WAITING_POLL_S)
+            if not self._live:
+                self._waiting = 0
+                return
+            try:
+                async with self._http().get(self.base_url + wire.METRICS_PATH,
+                                            timeout=aiohttp.ClientTimeout(total=5)) as response:
+                    if response.status == 200:
+                        self._waiting = wire.waiting_requests(await response.text())
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass  # a figure for `zllm status`: the requests themselves report a dead server
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -26,6 +26,8 @@ from zllm.canonical import SamplingParams
 from zllm.runtime.loop_guard import LoopGuardConfig
 
 GENERATE_PATH = "/inference/v1/generate"
+METRICS_PATH = "/metrics"
+WAITING_METRIC = "vllm:num_requests_waiting"
 
 
 def cache_salt(namespace: str) -> str:
@@ -109,3 +111,16 @@ def error_message(payload: object) -> str:
         if payload.get("message"):
             return str(payload["message"])
     return str(payload)[:500]
+
+
+def waiting_requests(metrics: str) -> int:
+    """vLLM's waiting requests (received, not yet scheduled), summed over its engines, from its Prometheus text:
+    `vllm:num_requests_waiting{engine="0",model_name=".."} 3.0`. 0 when the metric is absent."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith((WAITING_METRIC + "{", WAITING_METRIC + " ")):  # not ..._waiting_by_reason
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return int(total)
