@@ -94,6 +94,9 @@ def handshake(endpoint: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> tuple[int,
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            # closed with a reset, not a FIN: a busy rpc-server accepts this connection later, and answering a
+            # HELLO whose client has gone kills it with SIGPIPE; after a reset its read fails and it serves on
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.sendall(struct.pack("<BQ", RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
             (size,) = struct.unpack("<Q", _receive(sock, 8))
             if size != 4 + RPC_CONN_CAPS_SIZE:
