@@ -22,18 +22,29 @@ from zllm.errors import ConfigError
 pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-MESSAGES = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
+SYSTEM = "You are a careful programming assistant. Answer with short, correct Python code. " * 20  # > 256 tokens
 
 
-def greedy(daemon: Daemon) -> tuple[str, int]:
+def conversation(daemon: Daemon) -> tuple[list[str], int]:
+    """Two greedy turns, the second on top of the first (a prefix cache hit: cells shared in the pool and
+    snapshotted to the SSD tier, both on the RPC servers' buffers); the answers and turn 2's cached tokens."""
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-    reply = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, max_tokens=48)
-    return reply.choices[0].message.content, reply.usage.completion_tokens
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Write a function that returns the n-th Fibonacci number."}]
+    answers, cached = [], 0
+    for follow_up in ("Now make it iterative.", None):
+        reply = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=40)
+        answers.append(reply.choices[0].message.content)
+        cached = reply.usage.prompt_tokens_details.cached_tokens
+        assert reply.usage.completion_tokens == 40  # long greedy runs, not early stops
+        if follow_up:
+            messages += [{"role": "assistant", "content": answers[-1]}, {"role": "user", "content": follow_up}]
+    return answers, cached
 
 
 def served(data_dir, *args: str) -> tuple[Daemon, float]:
     start = time.monotonic()
-    daemon = Daemon(data_dir, NAME, "--no-ssd-cache", *args).wait_ready(timeout=180)
+    daemon = Daemon(data_dir, NAME, *args).wait_ready(timeout=180)
     return daemon, time.monotonic() - start
 
 
@@ -44,15 +55,16 @@ def test_two_rpc_servers_answer_like_this_machine(tmp_path) -> None:
     data_dir = linked_data_dir(default_f16_data_dir(), tmp_path)
     local, local_load = served(data_dir)
     try:
-        expected = greedy(local)
+        expected, _ = conversation(local)
     finally:
         local.stop()
     with rpc_servers(2, build) as endpoints:
         remote, remote_load = served(data_dir, "--rpc", ",".join(endpoints),
                                      "--rpc-backend", str(build / "libggml-rpc.so"))
         try:
-            assert greedy(remote) == expected
-            assert expected[1] == 48  # a long greedy run, not an early stop
+            answers, cached = conversation(remote)
+            assert answers == expected
+            assert cached > 256
             (model,) = remote.control().ps()
             assert model.backend == "llamacpp"
             for endpoint in endpoints:  # llama.cpp's own account: a model buffer on each server

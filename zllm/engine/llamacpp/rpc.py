@@ -55,13 +55,15 @@ _registered: dict[str, str] = {}  # endpoint → its device names, for this proc
 
 
 def parse_endpoints(raw: Sequence[str]) -> tuple[str, ...]:
-    """HOST:PORT items, checked (llama.cpp aborts on one it cannot parse)."""
+    """HOST:PORT items, checked (llama.cpp aborts on one it cannot parse; it splits at the first colon, so an
+    IPv6 address is not one)."""
     endpoints = tuple(item.strip() for item in raw if item.strip())
     for endpoint in endpoints:
-        host, _, port = endpoint.rpartition(":")
+        host, _, port = endpoint.partition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--rpc takes HOST:PORT items, comma-separated; {endpoint!r} is not one",
-                              hint="e.g. --rpc 10.0.0.2:50052,10.0.0.3:50052 (rpc-server's --host and --port)")
+                              hint="e.g. --rpc 10.0.0.2:50052,10.0.0.3:50052 (rpc-server's --host and --port; "
+                                   "llama.cpp's RPC takes no IPv6 address: use a host name)")
     return endpoints
 
 
@@ -91,9 +93,9 @@ def register_rpc_servers(endpoints: Sequence[str], *, backend_path: str = "") ->
 def handshake(endpoint: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> tuple[int, int, int]:
     """llama.cpp's RPC HELLO (| cmd: 1 byte | size: u64 | connection caps |) on a connection of our own; the
     server's protocol version. rpc-server serves the next client when this one closes."""
-    host, _, port = endpoint.rpartition(":")
+    host, _, port = endpoint.partition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
             # closed with a reset, not a FIN: a busy rpc-server accepts this connection later, and answering a
             # HELLO whose client has gone kills it with SIGPIPE; after a reset its read fails and it serves on
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
