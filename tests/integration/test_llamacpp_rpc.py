@@ -69,7 +69,6 @@ def test_two_rpc_servers_answer_like_this_machine(tmp_path) -> None:
             assert model.backend == "llamacpp"
             for endpoint in endpoints:  # llama.cpp's own account: a model buffer on each server
                 assert f"[{endpoint}]" in model.backend_reason, model.backend_reason
-            assert "31/31 layers offloaded" in model.backend_reason
             with pytest.raises(ConfigError, match="did not answer"):  # the daemon holds it
                 handshake(endpoints[0], timeout=1.0)
         finally:

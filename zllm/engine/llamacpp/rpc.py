@@ -4,7 +4,7 @@
     register_rpc_servers(("10.0.0.2:50052", "10.0.0.3:50052"), backend_path="")
     with load_log() as lines:           # llama.cpp's own account of where the weights went
         ...load the model...            # layers go to every registered RPC device first, the rest stay here
-    placement(lines)                    # "RPC0[10.0.0.2:50052] 120 MiB, ..., CPU 28 MiB; 31/31 layers on RPC"
+    placement(lines)                    # "CPU 54 MiB, RPC0[10.0.0.2:50052] 108 MiB, RPC0[10.0.0.3:50052] 149 MiB"
 
 llama-cpp-python's `rpc_servers=` parameter is ignored by the llama.cpp it vendors: registration is ggml's
 backend registry, reached by ctypes through libllama's own handle (llama_cpp._ggml opens a second copy of
@@ -218,10 +218,7 @@ def load_log() -> Iterator[list[str]]:
 
 
 def placement(lines: Sequence[str]) -> str:
-    """"RPC0[host:port] 120 MiB, CPU 28 MiB; 30/31 layers offloaded": the model buffers per device and the
-    offloaded layer count, as llama.cpp logged them while loading."""
-    text = "".join(lines)
-    buffers = [f"{device.removesuffix('_Mapped')} {float(mib):.0f} MiB"
-               for device, mib in re.findall(r"(\S+) model buffer size = +([\d.]+) MiB", text)]
-    layers = re.search(r"offloaded (\d+/\d+) layers", text)
-    return ", ".join(buffers) + (f"; {layers.group(1)} layers offloaded" if layers else "")
+    """"RPC0[host:port] 120 MiB, ..., CPU 28 MiB": the model buffers per device, as llama.cpp logged them while
+    loading (its "offloaded N/M layers" line counts the layers asked for, not the ones a device took)."""
+    found = re.findall(r"(\S+) model buffer size = +([\d.]+) MiB", "".join(lines))
+    return ", ".join(f"{device.removesuffix('_Mapped')} {float(mib):.0f} MiB" for device, mib in found)
