@@ -64,9 +64,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model_dir = resolve_model_dir(args)
-    build = args.rpc_build or max((Path.home() / ".cache" / "zllm-tests").glob("llama-rpc-*"),
+    build = args.rpc_build or max((Path.home() / ".cache" / "zllm-tests").glob("llama-rpc-r*"),
                                   key=lambda p: p.stat().st_mtime)
-    servers = [subprocess.Popen([str(build / "rpc-server"), "--port", str(50700 + i), "--threads",
+    servers = [subprocess.Popen([str(build / "ggml-rpc-server"), "--port", str(50700 + i), "--threads",
                                  str(args.threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for i in range(args.servers)]
     endpoints = ",".join(f"127.0.0.1:{50700 + i}" for i in range(args.servers))

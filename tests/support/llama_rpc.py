@@ -1,6 +1,6 @@
 """llama.cpp RPC for the RPC tests: the build .ci/llama-rpc made for this llama-cpp-python, and rpc-servers.
 
-    build = llama_rpc_build()              # $ZLLM_TEST_CACHE/llama-rpc-<version>-<libggml-base hash>; skips
+    build = llama_rpc_build()              # $ZLLM_TEST_CACHE/llama-rpc-r1-<version>-<libggml-base hash>; skips
     with rpc_servers(2) as endpoints:      # ["127.0.0.1:PORT", ...], 1 thread each, stopped after
         ...
 
@@ -29,7 +29,8 @@ def llama_rpc_build() -> Path:
 
     base = Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so.0"
     digest = hashlib.sha256(base.read_bytes()).hexdigest()[:12]
-    build = Path(os.environ["ZLLM_TEST_CACHE"]) / f"llama-rpc-{llama_cpp.__version__}-{digest}"
+    # named as .ci/llama-rpc names it (r1: its RECIPE)
+    build = Path(os.environ["ZLLM_TEST_CACHE"]) / f"llama-rpc-r1-{llama_cpp.__version__}-{digest}"
     if not (build / "llama-rpc.json").is_file():
         pytest.skip(f"no llama.cpp RPC build at {build}: run .ci/llama-rpc (ggml's RPC backend and rpc-server "
                     "for this llama-cpp-python, ~1 min)")
@@ -42,8 +43,8 @@ def rpc_servers(count: int, build: Path) -> Iterator[list[str]]:
     try:
         for _ in range(count):
             port = free_port()
-            procs.append(subprocess.Popen([str(build / "rpc-server"), "--host", "127.0.0.1", "--port", str(port),
-                                           "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            command = [str(build / "ggml-rpc-server"), "--host", "127.0.0.1", "--port", str(port), "--threads", "1"]
+            procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           preexec_fn=_die_with_parent))
             endpoints.append(f"127.0.0.1:{port}")
         for endpoint, proc in zip(endpoints, procs):
