@@ -107,3 +107,32 @@ def test_a_module_built_for_another_ggml_is_refused(tmp_path) -> None:
     (tmp_path / rpc.BUILD_RECORD).write_text(json.dumps({"libggml_base_sha256": "0" * 64}))
     with pytest.raises(ConfigError, match="another libggml-base"):
         rpc.register_rpc_servers(["127.0.0.1:50052"], backend_path=str(module))
+
+
+def test_rpc_is_for_gguf_on_llama_cpp(tmp_path) -> None:
+    from zllm.engine.select import load_for_backend
+
+    with pytest.raises(ConfigError, match="this model runs on torch"):  # no model.gguf: a safetensors model
+        load_for_backend(tmp_path, rpc_servers=("127.0.0.1:50052",))
+
+
+def test_load_log_collects_and_puts_the_previous_logger_back(tiny_gguf_path) -> None:
+    import ctypes
+
+    import llama_cpp as lc
+
+    def current() -> int | None:
+        callback, data = ctypes.c_void_p(), ctypes.c_void_p()
+        rpc._function("llama_log_get", None, [ctypes.POINTER(ctypes.c_void_p)] * 2)(ctypes.byref(callback),
+                                                                                     ctypes.byref(data))
+        return callback.value
+
+    before = current()
+    with rpc.load_log() as lines:
+        params = lc.llama_model_default_params()
+        model = lc.llama_model_load_from_file(str(tiny_gguf_path("llama")).encode(), params)
+        assert current() != before
+    lc.llama_model_free(model)
+    assert current() == before
+    assert any("model buffer size" in line for line in lines)
+    assert rpc.placement(lines).startswith("CPU")
