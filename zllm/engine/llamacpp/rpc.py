@@ -47,9 +47,10 @@ RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24
 HANDSHAKE_TIMEOUT_S = 5.0
 BUILD_RECORD = "llama-rpc.json"  # written by .ci/llama-rpc beside the module
-REBUILD = ('rebuild llama-cpp-python with the RPC backend: CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall '
-           f'--no-cache-dir --no-binary llama-cpp-python llama-cpp-python=={lc.__version__} (README: "llama.cpp RPC"), '
-           "or point --rpc-backend at a libggml-rpc.so that .ci/llama-rpc built for this install")
+REBUILD = ('rebuild llama-cpp-python with the RPC backend: CMAKE_ARGS="-DGGML_RPC=ON" pip install '
+           f"--force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python=={lc.__version__} "
+           '(README: "a GGUF over llama.cpp RPC"), or point --rpc-backend at a libggml-rpc.so that .ci/llama-rpc '
+           "built for this install")
 
 _registered: dict[str, str] = {}  # endpoint → its device names, for this process (registration is for good)
 
@@ -107,11 +108,12 @@ def handshake(endpoint: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> tuple[int,
             major, minor, patch = _receive(sock, size)[:3]
     except TimeoutError:
         raise ConfigError(f"the RPC server at {endpoint} did not answer llama.cpp's RPC handshake in {timeout:g} s",
-                          hint="rpc-server serves one client at a time: is another zllm or llama.cpp using it?") from None
+                          hint="an rpc-server serves one client at a time: is another zllm or llama.cpp using it?"
+                          ) from None
     except OSError as exc:
         raise ConfigError(f"cannot reach the RPC server at {endpoint}: {exc.strerror or exc}",
-                          hint='start `rpc-server --host ADDR --port PORT` on that machine (README: "llama.cpp '
-                               'RPC")') from None
+                          hint="start `ggml-rpc-server --host ADDR --port PORT` on that machine (README: "
+                               '"a GGUF over llama.cpp RPC")') from None
     if major != RPC_PROTO_MAJOR:
         raise ConfigError(f"the RPC server at {endpoint} speaks llama.cpp RPC {major}.{minor}.{patch}; this "
                           f"llama-cpp-python speaks {RPC_PROTO_MAJOR}.x",
