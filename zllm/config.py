@@ -80,6 +80,10 @@ class Settings:
     vllm_url: str = ""
     # --backend vllm: more flags for the server zllm starts (e.g. "--tensor-parallel-size 2")
     vllm_args: str = ""
+    # llama.cpp RPC: rpc-servers (HOST:PORT, comma-separated) a GGUF's layers are put on; "" = this machine only
+    rpc: str = ""
+    # llama.cpp RPC on a llama-cpp-python built without it: a libggml-rpc.so .ci/llama-rpc built for this install
+    rpc_backend: str = ""
     # tokens; 0 = the model's own max_position_embeddings
     context_length: int = 0
     # required on every request when set (x-api-key or Authorization: Bearer)

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from zllm.config import Settings
+from zllm.config import Settings, split_list
 from zllm.errors import ConfigError
 
 
@@ -70,7 +70,8 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
                               exact_cache=settings.exact_cache,
                               # a speculating server decodes every token with the kernels that verify drafts
-                              uniform_rows=settings.speculative)
+                              uniform_rows=settings.speculative,
+                              rpc_servers=split_list(settings.rpc), rpc_backend=settings.rpc_backend)
     draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
              if settings.draft_model else None)
     return LocalEngineClient(
@@ -118,6 +119,10 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
         raise ConfigError("--speculative and --draft-model drive zllm's own engines, not vLLM",
                           hint='pass vLLM\'s own, e.g. --vllm-args \'--speculative-config {"method": "ngram", '
                                '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
+    if settings.rpc:
+        raise ConfigError("--rpc puts a GGUF's layers on llama.cpp rpc-servers, not vLLM's",
+                          hint="vLLM spreads a model with its own --tensor-parallel-size / --pipeline-parallel-size "
+                               "(--vllm-args)")
     if settings.vllm_url:
         server = VllmServer.attach(settings.vllm_url)
         reason = f"attached to the vLLM server at {server.url} (--vllm-url)"

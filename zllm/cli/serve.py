@@ -20,6 +20,8 @@ def serve(
     vllm_python: str = typer.Option(None, "--vllm-python", help="--backend vllm: the Python of a vLLM environment to start the server from. [env: ZLLM_VLLM_PYTHON]"),
     vllm_url: str = typer.Option(None, "--vllm-url", help="--backend vllm: attach to a running vLLM server (started with --enable-scale-out) instead. [env: ZLLM_VLLM_URL]"),
     vllm_args: str = typer.Option(None, "--vllm-args", help="--backend vllm: more flags for the server zllm starts, e.g. \"--tensor-parallel-size 2\". [env: ZLLM_VLLM_ARGS]"),
+    rpc: str = typer.Option(None, "--rpc", help="llama.cpp: put the GGUF's layers on these rpc-servers, HOST:PORT comma-separated (llama-cpp-python built with -DGGML_RPC=ON). [env: ZLLM_RPC]"),
+    rpc_backend: str = typer.Option(None, "--rpc-backend", help="--rpc on a llama-cpp-python built without RPC: a libggml-rpc.so that .ci/llama-rpc built for it. [env: ZLLM_RPC_BACKEND]"),
     device: str = typer.Option(None, help="auto, cpu or cuda[:N]. [env: ZLLM_DEVICE]"),
     dtype: str = typer.Option(None, help="auto, float32, bfloat16 or float16. [env: ZLLM_DTYPE]"),
     context_length: int = typer.Option(None, "--context-length", help="Context window in tokens, 0 = the model's. [env: ZLLM_CONTEXT_LENGTH]"),
@@ -65,7 +67,7 @@ def serve(
             cache_ram_mb=cache_ram_mb, cache_dir=cache_dir, exact_cache=exact_cache, dialect=dialect, speculative=speculative,
             draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk, backend=backend,
             vllm_python=str(Path(vllm_python).expanduser().absolute()) if vllm_python else None,  # a venv's python: no resolve()
-            vllm_url=vllm_url, vllm_args=vllm_args,
+            vllm_url=vllm_url, vllm_args=vllm_args, rpc=rpc, rpc_backend=absolute_path(rpc_backend),
         )
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -14,12 +14,16 @@ kept in position order), or backend.FAST_ATTENTION (F16 cells, llama.cpp's own c
 `uniform_rows` (a speculating server) pads 1-token decodes so that verifying a draft gives the bits decoding it
 token by token gives (ContextSettings.uniform_rows).
 
+`rpc_servers` (HOST:PORT of llama.cpp `rpc-server`s) are registered before the model loads, and llama.cpp
+places its layers on them (rpc.py); the placement it logged joins the backend's reason (`zllm ps`).
+
 The KV pool is sized once, at load (llama.cpp allocates it whole): `--cache-budget-mb` when set, else twice
 the context window (at least 8K tokens, at most 64K), so one full-window request and cached prefixes fit.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 from zllm.engine.llamacpp.backend import (
@@ -30,6 +34,7 @@ from zllm.engine.llamacpp.backend import (
     read_quantization,
 )
 from zllm.engine.llamacpp.model import LlamaCppModel, ModelConfig
+from zllm.engine.llamacpp.rpc import load_log, placement, register_rpc_servers
 from zllm.engine.loaded import window_length
 from zllm.errors import ConfigError
 from zllm.model_files import GGUF_FILE
@@ -41,21 +46,27 @@ MIN_CELLS, MAX_CELLS = 8192, 65536
 
 def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
-                    gpu_layers: int = -1, exact_cache: bool = True, uniform_rows: bool = False) -> LlamaCppModel:
+                    gpu_layers: int = -1, exact_cache: bool = True, uniform_rows: bool = False,
+                    rpc_servers: tuple[str, ...] = (), rpc_backend: str = "") -> LlamaCppModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
         raise ConfigError(f"{path} holds no {GGUF_FILE}", hint="the llama.cpp backend serves GGUF models")
+    if rpc_servers:  # before anything loads: llama.cpp places layers on the devices registered at load
+        register_rpc_servers(rpc_servers, backend_path=rpc_backend)
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
     window = window_length(config, context_length)
     exact = exact_cache and LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
     attention = EXACT_ATTENTION if exact else FAST_ATTENTION
-    engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
-        cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
-        max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
-        flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact,
-        uniform_rows=uniform_rows))
+    with load_log() if rpc_servers else nullcontext([]) as log_lines:
+        engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
+            cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
+            max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
+            flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact,
+            uniform_rows=uniform_rows))
+    if rpc_servers:
+        reason += f"; weights on llama.cpp RPC: {placement(log_lines)}"
     return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
                          quantization=read_quantization(engine), context_length=window, threads=threads,
                          backend_reason=reason, generation_eos=_generation_eos(path))
