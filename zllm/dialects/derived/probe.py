@@ -220,6 +220,9 @@ class _Prober:
             two = self._body(self.turn(tool_calls=[call(NAME_A, a1), call(NAME_B, a2, 1)]), lead)
         except NotDerivable:  # a family that calls one tool per turn (Llama 3.x refuses two)
             return self._single_call(before, after, tail, name_close=name_close)
+        if NAME_B not in two[s1:] and two == one:
+            # the template writes only the first of two calls (GigaChat 3 renders `tool_calls[0]`): one per turn
+            return self._single_call(before, after, tail, name_close=name_close)
         n2 = _find(two, NAME_B, s1)
         mid = two[s1 + len(_json(a1)):n2]
         second_close = two[n2 + len(NAME_B):].partition(_json(a2))[0]
