@@ -62,23 +62,31 @@ def writes_calls(template_source: str) -> tuple[bool, str]:
 
     template = JinjaChatTemplate(template_source, bos_token="<s>", eos_token="</s>")
     failures = []
-    for as_text in (False, True):
-        for flat in (False, True):
-            tools = [t["function"] for t in PROBE_TOOLS] if flat else PROBE_TOOLS
-            try:
-                with_call = template(_conversation(as_text, calls=True), tools=tools, add_generation_prompt=True,
-                                     functions=json.dumps(tools))
-                without = template(_conversation(as_text, calls=False), tools=tools, add_generation_prompt=True,
-                                   functions=json.dumps(tools))
-            except Exception as exc:  # noqa: BLE001 - a template that insists on another shape: try the next
-                failures.append(f"{type(exc).__name__}: {str(exc)[:80]}")
-                continue
-            if with_call.count(_NAME) > without.count(_NAME):
-                shape = ("arguments as JSON text" if as_text else "arguments as an object") + (
-                    ", flat tools" if flat else "")
-                return True, f"the call's name is written ({shape})"
-            return False, "a call's name never appears in the rendering"
+    described = [_with_descriptions(t) for t in PROBE_TOOLS]  # Command R+ reads each parameter's description
+    shapes = [(as_text, flat, declared) for as_text in (False, True) for flat in (False, True)
+              for declared in (PROBE_TOOLS, described)]
+    for as_text, flat, declared in shapes:
+        tools = [t["function"] for t in declared] if flat else declared
+        try:
+            with_call = template(_conversation(as_text, calls=True), tools=tools, add_generation_prompt=True,
+                                 functions=json.dumps(tools))
+            without = template(_conversation(as_text, calls=False), tools=tools, add_generation_prompt=True,
+                               functions=json.dumps(tools))
+        except Exception as exc:  # noqa: BLE001 - a template that insists on another shape: try the next
+            failures.append(f"{type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        if with_call.count(_NAME) > without.count(_NAME):
+            shape = ("arguments as JSON text" if as_text else "arguments as an object") + (
+                ", flat tools" if flat else "") + (", parameters described" if declared is described else "")
+            return True, f"the call's name is written ({shape})"
+        return False, "a call's name never appears in the rendering"
     return False, "the template renders no probe conversation: " + "; ".join(dict.fromkeys(failures))
+
+
+def _with_descriptions(tool: dict) -> dict:
+    function = tool["function"]
+    properties = {k: {**v, "description": f"probe {k}"} for k, v in function["parameters"]["properties"].items()}
+    return {**tool, "function": {**function, "parameters": {**function["parameters"], "properties": properties}}}
 
 
 def _conversation(arguments_as_text: bool, *, calls: bool) -> list[dict]:

@@ -26,11 +26,13 @@ NAME_A, NAME_B = "zqa", "zqb"
 K1, K2, KN = "zqk1", "zqk2", "zqkn"
 V1, V2, VN = "zq-v1", "zq-v2", 7
 
+# each parameter described: Command R+'s template reads every parameter's description
 PROBE_TOOLS = [
     {"type": "function", "function": {"name": NAME_A, "description": "probe a", "parameters": {
-        "type": "object", "properties": {K1: {"type": "string"}, K2: {"type": "string"}}, "required": [K1]}}},
+        "type": "object", "properties": {K1: {"type": "string", "description": "probe k1"},
+                                         K2: {"type": "string", "description": "probe k2"}}, "required": [K1]}}},
     {"type": "function", "function": {"name": NAME_B, "description": "probe b", "parameters": {
-        "type": "object", "properties": {KN: {"type": "integer"}}, "required": [KN]}}},
+        "type": "object", "properties": {KN: {"type": "integer", "description": "probe kn"}}, "required": [KN]}}},
 ]
 _GENERIC_MARKER = re.compile(r"<[|｜][^<>]{0,60}?[|｜]>|<[^<>\s]{1,40}>|\[[A-Z_]{2,30}\]")
 
