@@ -88,3 +88,24 @@ def test_each_that_does_not_hold_is_served_with_the_warning(entries):
 
 def test_a_family_token_picks_a_family_only_where_the_template_writes_its_calls(entries):
     assert {name: entries[name].dialect for name in CHOSEN} == CHOSEN
+
+
+def test_a_derived_template_gets_the_tokenizer_files_special_tokens():
+    """prompt/tokenizer_files.py (the llama.cpp path, `zllm dialect`) keeps bos / eos in its special_tokens_map only:
+    the derived dialect's template still gets them (Mistral's ends each assistant turn with `eos_token`)."""
+    from tokenizers import Tokenizer, models
+
+    from zllm.canonical import Message
+    from zllm.dialects.base import Conversation
+    from zllm.prompt.renderer import PromptRenderer
+    from zllm.prompt.tokenizer_files import TokenizerFiles
+
+    template = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+                "{% elif m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | map(attribute='function') | list | tojson }}"
+                "{{ eos_token }}{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
+                "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}")
+    files = TokenizerFiles(Tokenizer(models.BPE()), {"bos_token": "<s>", "eos_token": "</s>"}, template)
+    renderer = PromptRenderer(files)
+    assert renderer.choice.derived
+    text = renderer.dialect.render(Conversation((Message("user", "hi"), Message("assistant", "hello")), ()))
+    assert text == "<s>[INST]hi[/INST]hello</s>"
