@@ -12,7 +12,8 @@ probe.py (the probe conversations that find the format); its entry point is `der
 hermes/ also has json_cursor.py, the incremental JSON checker its parser reads call bodies with.
 Shared by all families: base.py (the contract), registry.py (which dialect a model speaks), scan.py (the tag
 scanner the parsers use), string_values.py (string-parameter rules the grammars share), round_trip.py (the
-render → parse → render check a dialect passes at load and in `zllm dialect`).
+render → parse → render check a dialect passes at load and in `zllm dialect`), template_match.py (whether a
+hand-written family writes a call as the model's template does: the registry passes it over where not).
 """
 
 from zllm.dialects.base import (

@@ -9,10 +9,14 @@ Rules, first match wins (the facts are what distinguishes the families' vocabula
 3. DeepSeek's `<｜Assistant｜>` added token → DeepSeek V3.2 DSML (markup spelled with ordinary tokens);
    — unless the template itself writes `<｜tool▁calls▁begin｜>` calls (DeepSeek V3.1): then rule 5 derives it;
 4. GLM's `<arg_key>` added token → GLM-4.5 XML;
-5. the template writes tool calls other than Hermes JSON → a dialect derived from it (dialects/derived/:
-   the template's own calls, found by rendering probe conversations);
+5. the template writes tool calls other than Hermes JSON, or Hermes JSON but cannot render without its tools
+   (Hermes-2-Pro / 3) → a dialect derived from it (dialects/derived/: the template's own calls, found by
+   rendering probe conversations);
 6. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
 7. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).
+A hand-written family that writes its own framing (rules 1-4) is passed over where the template writes a call
+otherwise (template_match.py: GLM-4.7's compact XML, DeepSeek V3.2's `function_calls` under a V4 vocabulary, R1's
+`<｜tool▁calls▁begin｜>`): the next rule, the derived dialect, or Hermes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zllm.dialects.base import Dialect
+from zllm.dialects.template_match import writes_as_template
 from zllm.errors import ConfigError
 
 AUTO = "auto"
@@ -86,18 +91,26 @@ def choose_dialect(facts: TokenizerFacts, override: str | None = None) -> Dialec
     if override and override != AUTO:
         return DialectChoice(dialect_named(override), f"set by configuration (dialect = {override})")
     derived = _derived(facts)
+    passed_over = []  # families whose token the vocabulary has but whose calls the template writes otherwise
     for name, matches, reason in _RULES:
         if name == "qwen3" and derived is not None:
             return derived
         if matches(facts):
             if name == "deepseek-v3.2" and derived is not None:
                 return derived  # DeepSeek V3.1: the V3 vocabulary, but its template writes no DSML
-            return DialectChoice(dialect_named(name), reason)
+            dialect = dialect_named(name)
+            if writes_as_template(dialect, facts.chat_template, bos_token=facts.bos_token,
+                                  eos_token=facts.eos_token) is False:
+                passed_over.append(name)
+                continue
+            return DialectChoice(dialect, reason)
+    note = (f" ({', '.join(passed_over)} passed over: the chat template writes calls otherwise)" if passed_over
+            else "")
     if derived is not None:
-        return derived
+        return DialectChoice(derived.dialect, derived.reason + note, derived=True)
     why = "the chat template renders tools itself" if _template_mentions_tools(facts.chat_template) else (
         "the chat template ignores tools")
-    return DialectChoice(dialect_named("hermes"), f"default: Hermes JSON tool calls ({why})")
+    return DialectChoice(dialect_named("hermes"), f"default: Hermes JSON tool calls ({why}){note}")
 
 
 def _derived(facts: TokenizerFacts) -> DialectChoice | None:
@@ -108,9 +121,24 @@ def _derived(facts: TokenizerFacts) -> DialectChoice | None:
 
     result = derive_dialect(facts.chat_template, added_tokens=facts.added_tokens, bos_token=facts.bos_token,
                             eos_token=facts.eos_token)
-    if result.dialect is None or result.dialect.format.hermes_json:
+    if result.dialect is None:
         return None
+    if result.dialect.format.hermes_json:
+        if _renders_without_tools(result.dialect.template):
+            return None  # the hand-written Hermes dialect speaks it (it renders the messages, tools aside)
+        return DialectChoice(result.dialect, result.reason + "; the template needs its tools to render (Hermes-2-Pro"
+                             "'s `for tool in tools`), so it renders them itself", derived=True)
     return DialectChoice(result.dialect, result.reason, derived=True)
+
+
+def _renders_without_tools(template) -> bool:
+    """Whether the template renders a conversation given no tools: the hand-written Hermes dialect renders the
+    messages alone and writes the tools block itself."""
+    try:
+        template([{"role": "user", "content": "hi"}], tools=None, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - jinja's errors, raise_exception(...): the template insists on tools
+        return False
+    return True
 
 
 def _template_reasons(template: str | None) -> bool:

@@ -71,7 +71,8 @@ def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode:
 
 def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
            end_texts: Sequence[str], *, thinking: bool) -> RoundTrip:
-    ends = (*end_texts, *dialect.end_of_turn)
+    # what ends a message only (harmony's `<|end|>`, though Phi-3 ends a turn with it) does not end the turn
+    ends = tuple(end for end in (*end_texts, *dialect.end_of_turn) if end not in dialect.continues_turn)
     try:
         sample = _sample_call(dialect, template, ends)
         prompt = _render(dialect, template, (_USER,), thinking)
@@ -81,7 +82,7 @@ def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[st
     if not following.startswith(prompt):
         return RoundTrip(False, "the next turn's prompt does not start with this turn's prompt (the template "
                                 "rewrites the conversation before the calls)", sample)
-    output = _cut_at_end(following[len(prompt):], ends)
+    output = _cut_at_end(_turn_alone(dialect, template, turn, thinking, following)[len(prompt):], ends)
     read = _parse(dialect, output, thinking)
     problem = _compare_calls(read, turn, thinking)
     if problem:
@@ -99,7 +100,8 @@ def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[st
 def _calling_turn(dialect: Dialect, template: ChatTemplate | None, thinking: bool):
     """(the probe's assistant turn, its results, the next turn's prompt): two calls, or one where the template
     refuses two in a turn (Llama 3.x raises "only supports single tool-calls")."""
-    for count in (2, 1):
+    # a template that writes one call per turn (it refuses a second, or drops it): one
+    for count in ((1,) if getattr(dialect, "single_call", False) else (2, 1)):
         turn = Message("assistant", "", tool_calls=PROBE_CALLS[:count], reasoning=_REASONING if thinking else None)
         try:
             return turn, _RESULTS[:count], _render(dialect, template, (_USER, turn, *_RESULTS[:count]), thinking)
@@ -109,8 +111,26 @@ def _calling_turn(dialect: Dialect, template: ChatTemplate | None, thinking: boo
     raise AssertionError("unreachable")
 
 
+def _turn_alone(dialect: Dialect, template: ChatTemplate | None, turn: Message, thinking: bool,
+                following: str) -> str:
+    """The next turn's prompt up to the end of the calling turn: the conversation rendered without the results,
+    where that is how the next prompt starts (a template that writes no end-of-turn marker of its own, GLM-4.7's
+    `</tool_call><|observation|>`, has the results follow the calls directly); else the whole next prompt."""
+    try:
+        alone = dialect.render(Conversation((_USER, turn), PROBE_TOOLS, thinking=thinking,
+                                            add_generation_prompt=False), template)
+    except Exception:  # noqa: BLE001 - a template that refuses a conversation ending in calls
+        return following
+    return alone if following.startswith(alone) else following
+
+
 def _render(dialect: Dialect, template: ChatTemplate | None, messages: tuple[Message, ...], thinking: bool) -> str:
     return dialect.render(Conversation(messages, PROBE_TOOLS, thinking=thinking), template)
+
+
+def probe_call_conversation() -> tuple[Message, ...]:
+    """The probe's first call alone, and its result: what `sample_call` renders."""
+    return (_USER, Message("assistant", "", tool_calls=PROBE_CALLS[:1]), _RESULTS[0])
 
 
 def _sample_call(dialect: Dialect, template: ChatTemplate | None, ends: Sequence[str]) -> str:

@@ -157,7 +157,9 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts:
 
 
 def _token_text(tokenizer, attribute: str) -> str:
-    value = getattr(tokenizer, attribute, None)
+    # transformers' tokenizers have `eos_token`; prompt/tokenizer_files.py's (the llama.cpp path, `zllm dialect`)
+    # only its special_tokens_map: without this a derived Mistral template rendered no `</s>` after a turn
+    value = getattr(tokenizer, attribute, None) or (getattr(tokenizer, "special_tokens_map", None) or {}).get(attribute)
     return value if isinstance(value, str) else ""
 
 

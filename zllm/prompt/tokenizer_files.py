@@ -143,7 +143,8 @@ class _GenerationBlock(jinja2.ext.Extension):
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
     # jinja's own tojson escapes HTML characters, which no chat template wants
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
 
 
 def _raise_exception(message: str):
@@ -184,3 +185,11 @@ def _chat_template(path: Path, config: dict) -> str | None:
         named = {entry["name"]: entry["template"] for entry in template}
         return named.get("default")
     return template
+
+
+def _listed(value):
+    """What `tools | map(attribute='function') | tojson` hands json: a generator (llama.cpp's own DeepSeek R1
+    template), written as the list it yields."""
+    if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -25,7 +25,7 @@ def test_the_families_are_the_packages_beside_the_shared_files() -> None:
     packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
     assert packages == sorted(FAMILIES)
     assert sorted(p.stem for p in ROOT.glob("*.py")) == ["__init__", "bare_json", "base", "registry", "round_trip",
-                                                         "scan", "string_values"]
+                                                         "scan", "string_values", "template_match"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -33,6 +33,7 @@ from zllm.dialects.derived.render import render_conversation
 class DerivedDialect(Dialect):
     name = "derived"
     needs_chat_template = False  # it carries its own (the source it was derived from)
+    renders_its_template = True  # ... and writes every call through it (template_match.py need not compare)
 
     def __init__(self, fmt: CallFormat, template: JinjaChatTemplate, markers: Iterable[str] = (), *,
                  switched: dict[bool, CallFormat] | None = None, thinking_default: bool = False):
@@ -48,6 +49,11 @@ class DerivedDialect(Dialect):
         self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end) if end))
         self.supports_thinking = bool(self.switched) or fmt.reasons
         self.thinking_default = thinking_default if self.switched else fmt.reasons
+
+    @property
+    def single_call(self) -> bool:
+        """The template writes one call per turn (the round-trip check probes one)."""
+        return self.format.single_call
 
     def format_for(self, thinking: bool) -> CallFormat:
         return self.switched.get(thinking, self.format)

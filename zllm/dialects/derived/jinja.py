@@ -35,7 +35,8 @@ def _raise(message):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
 
 
 def _environment() -> SandboxedEnvironment:
@@ -68,3 +69,11 @@ def _aliased(message: dict) -> dict:
     """Reasoning under each name templates read it by (`reasoning_content`, gpt-oss's `thinking`)."""
     reasoning = message.get("reasoning_content")
     return {**message, "thinking": reasoning} if reasoning is not None else message
+
+
+def _listed(value):
+    """What `tools | map(attribute='function') | tojson` hands json: a generator (llama.cpp's own DeepSeek R1
+    template), written as the list it yields."""
+    if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

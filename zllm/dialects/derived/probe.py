@@ -26,11 +26,13 @@ NAME_A, NAME_B = "zqa", "zqb"
 K1, K2, KN = "zqk1", "zqk2", "zqkn"
 V1, V2, VN = "zq-v1", "zq-v2", 7
 
+# each parameter described: Command R+'s template reads every parameter's description
 PROBE_TOOLS = [
     {"type": "function", "function": {"name": NAME_A, "description": "probe a", "parameters": {
-        "type": "object", "properties": {K1: {"type": "string"}, K2: {"type": "string"}}, "required": [K1]}}},
+        "type": "object", "properties": {K1: {"type": "string", "description": "probe k1"},
+                                         K2: {"type": "string", "description": "probe k2"}}, "required": [K1]}}},
     {"type": "function", "function": {"name": NAME_B, "description": "probe b", "parameters": {
-        "type": "object", "properties": {KN: {"type": "integer"}}, "required": [KN]}}},
+        "type": "object", "properties": {KN: {"type": "integer", "description": "probe kn"}}, "required": [KN]}}},
 ]
 _GENERIC_MARKER = re.compile(r"<[|｜][^<>]{0,60}?[|｜]>|<[^<>\s]{1,40}>|\[[A-Z_]{2,30}\]")
 
@@ -219,6 +221,9 @@ class _Prober:
         try:
             two = self._body(self.turn(tool_calls=[call(NAME_A, a1), call(NAME_B, a2, 1)]), lead)
         except NotDerivable:  # a family that calls one tool per turn (Llama 3.x refuses two)
+            return self._single_call(before, after, tail, name_close=name_close)
+        if NAME_B not in two[s1:] and two == one:
+            # the template writes only the first of two calls (GigaChat 3 renders `tool_calls[0]`): one per turn
             return self._single_call(before, after, tail, name_close=name_close)
         n2 = _find(two, NAME_B, s1)
         mid = two[s1 + len(_json(a1)):n2]

@@ -40,6 +40,7 @@ class Harmony(Dialect):
     single_token_markup: ClassVar[tuple[str, ...]] = MARKUP
     end_of_turn: ClassVar[tuple[str, ...]] = (CALL, RETURN)
     continues_turn: ClassVar[tuple[str, ...]] = (END,)
+    single_call: ClassVar[bool] = True  # `<|call|>` ends the generation: one call per turn the model writes
     supports_thinking: ClassVar[bool] = True
     thinking_default: ClassVar[bool] = True
     needs_chat_template: ClassVar[bool] = False

@@ -1,0 +1,111 @@
+"""Issue 21's bar over llama.cpp's 70 chat templates (tests/support/template_survey.py): which write tool calls, which
+dialect each is served with (the registry's choice over a vocabulary carrying the template's markers), and whether
+the load-time round trip holds. The lists below are the measured state: a template that starts (or stops) holding
+fails here until the list says so. Printed with -s (`python -m tests.support.template_survey` prints the same).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# templates whose conversations never show a call's name (they drop `tool_calls`, or render no probe at all)
+WRITES_NO_CALLS = {
+    "HuggingFaceTB-SmolLM3-3B", "LFM2-8B-A1B", "LFM2.5-Instruct", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+    "google-gemma-2-2b-it", "ibm-granite-granite-3.3-2B-Instruct", "llama-cpp-rwkv-world",
+    "microsoft-Phi-3.5-mini-instruct",
+    "fireworks-ai-llama-3-firefunction-v2",  # needs a `datetime` variable neither transformers nor zllm gives
+}
+
+# write calls, served, and the load check says what breaks (one line each: why)
+NOT_HOLDING = {
+    # the generation prompt opens (or closes) a reasoning block the rendered turn drops: the prompt is rewritten
+    # before the calls, the cache forks at each turn whatever the dialect
+    "Apriel-1.6-15b-Thinker-fixed", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "NVIDIA-Nemotron-Nano-v2",
+    "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "Cohere2MoE",
+    # renders only with tools and writes calls with the index before the name (`"tool_call_id": "0", "tool_name"`)
+    "CohereForAI-c4ai-command-r-plus-tool_use",
+    # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
+    "GigaChat3-10B-A1.8B",
+    # Python-call notation `[name(k='v')]`: no derivation yet; served as Qwen3 Hermes
+    "LFM2.5-8B-A1B",
+    # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
+    "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
+    # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
+    "Reka-Edge",
+    # MiniMax M3 and Kimi K3: another branch of issue 21 (h21-mmk) derives them
+    "MiniMax-M3", "Kimi-K3",
+}
+
+# the registry's choice where a vocabulary token would pick a hand-written family whose calls the template
+# writes otherwise (template_match.py), and where a Hermes template needs its tools to render
+CHOSEN = {
+    "GLM-4.6": "glm45", "GLM-4.7-Flash": "derived", "Spark2.5": "derived", "poolside-Laguna-S-2.1": "derived",
+    "deepseek-ai-DeepSeek-V3.2": "deepseek-v3.2", "deepseek-ai-DeepSeek-V4": "deepseek-v4",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "qwen3", "deepseek-ai-DeepSeek-V3.1": "derived",
+    "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
+    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+}
+
+
+@pytest.fixture(scope="module")
+def entries():
+    from tests.support.llama_templates import TemplatesUnavailable, template_dir
+    from tests.support.template_survey import survey
+    from tests.support.tiny_models import tiny_qwen_dir
+
+    try:
+        directory = template_dir()
+    except TemplatesUnavailable as exc:
+        pytest.skip(str(exc))
+    found = {entry.name: entry for entry in survey(directory, tiny_qwen_dir() / "tokenizer.json")}
+    print()
+    for entry in sorted(found.values(), key=lambda e: (not e.writes_calls, e.holds, e.name)):
+        print(entry.line())
+    return found
+
+
+def test_which_templates_write_calls(entries):
+    assert len(entries) == 70
+    assert {name for name, entry in entries.items() if not entry.writes_calls} == WRITES_NO_CALLS
+
+
+def test_which_calling_templates_round_trip(entries):
+    failing = {name for name, entry in entries.items() if entry.writes_calls and not entry.holds}
+    assert failing == NOT_HOLDING, {name: entries[name].problem for name in failing ^ NOT_HOLDING}
+
+
+def test_each_that_does_not_hold_is_served_with_the_warning(entries):
+    """A calling template that cannot round-trip still loads, and the load check says what breaks (the line the
+    daemon logs and `zllm ps` shows): never a silent fork."""
+    from zllm.dialects.round_trip import RoundTrip
+    from zllm.prompt.dialect_check import round_trip_line
+
+    for name in NOT_HOLDING:
+        entry = entries[name]
+        assert entry.dialect and not entry.round_trip and entry.problem, name
+        assert "round trip FAILS: " + entry.problem in round_trip_line(entry.dialect, RoundTrip(False, entry.problem))
+
+
+def test_a_family_token_picks_a_family_only_where_the_template_writes_its_calls(entries):
+    assert {name: entries[name].dialect for name in CHOSEN} == CHOSEN
+
+
+def test_a_derived_template_gets_the_tokenizer_files_special_tokens():
+    """prompt/tokenizer_files.py (the llama.cpp path, `zllm dialect`) keeps bos / eos in its special_tokens_map only:
+    the derived dialect's template still gets them (Mistral's ends each assistant turn with `eos_token`)."""
+    from tokenizers import Tokenizer, models
+
+    from zllm.canonical import Message
+    from zllm.dialects.base import Conversation
+    from zllm.prompt.renderer import PromptRenderer
+    from zllm.prompt.tokenizer_files import TokenizerFiles
+
+    template = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+                "{% elif m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | map(attribute='function') | list | tojson }}"
+                "{{ eos_token }}{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
+                "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}")
+    files = TokenizerFiles(Tokenizer(models.BPE()), {"bos_token": "<s>", "eos_token": "</s>"}, template)
+    renderer = PromptRenderer(files)
+    assert renderer.choice.derived
+    text = renderer.dialect.render(Conversation((Message("user", "hi"), Message("assistant", "hello")), ()))
+    assert text == "<s>[INST]hi[/INST]hello</s>"
