@@ -48,6 +48,9 @@ MUST_DERIVE = (
     "google-gemma-4-31B-it",
     # string values wrapped in CDATA when they hold `<`, `&` or a newline, raw otherwise
     "openbmb-MiniCPM5-1B",
+    # the parameter's key in its closer, nested values as elements (derived/xml_values.py); the value's type in
+    # the parameter's markup, the call's index from 1, the text framed by markers the calls use too
+    "MiniMax-M3", "Kimi-K3",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
