@@ -70,7 +70,7 @@ class _Writer:
         text = "" if forced else self.terminal("TEXT", self.answer_text())
         if text and f.text_close:  # the text's closing framing may follow it (Kimi K3)
             close = self.lits(f.text_close)
-            text = self.rule("text_closed", f"{text} {close}? | {close}")
+            text = self.rule("text_closed", f"{text} ({close})? | {close}")
         if spec.response_schema is not None:
             schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
             self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")

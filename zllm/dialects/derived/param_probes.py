@@ -58,6 +58,9 @@ def typed_values(written: Callable[[object], str | None], draft: CallFormat) -> 
     words = {kind: mid[len(head):len(mid) - len(tail)] for kind, mid in mids.items()}
     if not all(words.values()) or any(KEY_SLOT in w or TYPE_SLOT in w for w in words.values()):
         return {}
+    if len({words.get(kind) for kind in ("string", "integer", "boolean")}) < 3:
+        # a string / non-string flag (DeepSeek V3.2's `string="true"`), not a type: the hand-written DSML dialect
+        return {}
     return {"param_mid": head + TYPE_SLOT + tail, "type_words": tuple(sorted(words.items()))}
 
 

@@ -1,0 +1,246 @@
+"""MiniMax M3 and Kimi K3, derived from their templates in llama.cpp's set (the suites of test_derived_templates.py
+run over both: round trip, split invariance, continuity, fenced samples); here what is their own:
+
+- MiniMax M3 names the parameter's key in its closer (`NS<city>paris NS</city>`) and writes nested values as
+  elements in the same markup (arrays as `NS<item>`), null left out; a turn without reasoning opens with
+  `</mm:think>` alone.
+- Kimi K3 names the value's type in the parameter's markup (`type="string"` / `type="number"`: "7" and 7 differ
+  only there), counts calls from 1, and frames the text with markers its calls use too (`<|close|>response<|sep|>`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.support.dialect_harness import assert_split_invariant, counter
+from tests.unit.dialects.test_derived_templates import (
+    USER,
+    _as_message,
+    _matcher,
+    _parse,
+    _sample,
+    derivations,  # noqa: F401  (a fixture)
+    stand_in,  # noqa: F401  (a fixture)
+    templates,  # noqa: F401  (a fixture)
+)
+from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice
+from zllm.dialects.base import Conversation, FenceSpec
+from zllm.dialects.derived.format import KEY_SLOT, TYPE_SLOT
+
+NS = "]<]minimax[>["
+EDIT = FunctionTool("edit", "Edit files", {
+    "type": "object",
+    "properties": {
+        "files": {"type": "array", "items": {"type": "object", "properties": {
+            "path": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["path"]}},
+        "opts": {"type": "object", "properties": {"force": {"type": "boolean"}, "tag": {"type": "string"}},
+                 "required": ["force"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "label": {"type": "string", "maxLength": 8},
+    },
+    "required": ["files", "count"], "additionalProperties": False})
+EDIT_TOOLS = (EDIT,)
+EDIT_ARGS = {"files": [{"path": "a <b>.py", "lines": [1, 20]}, {"path": "c.py", "lines": []}],
+             "opts": {"force": True, "tag": "7"}, "count": 3, "label": "true"}
+
+
+def _turn(args: dict, reasoning: str | None = None, text: str = "") -> Message:
+    return Message("assistant", text, tool_calls=(ToolCall("call_1", "edit", json.dumps(args)),), reasoning=reasoning)
+
+
+def _rendered_output(dialect, turn: Message, tools=EDIT_TOOLS, thinking=True) -> tuple[str, str]:
+    prompt = dialect.render(Conversation((USER,), tools, thinking=thinking))
+    full = dialect.render(Conversation((USER, turn), tools, add_generation_prompt=False, thinking=thinking))
+    assert full.startswith(prompt)
+    return prompt, full[len(prompt):]
+
+
+def _read(dialect, text, tools=EDIT_TOOLS, thinking=True) -> Message:
+    from tests.support.dialect_harness import parse_all
+
+    return _as_message(parse_all(lambda: dialect.parser(tools, thinking=thinking, new_call_id=counter("c")), text))
+
+
+def _fenced(dialect, spec, stand_in, text) -> bool:  # noqa: F811
+    matcher = _matcher(dialect, spec, stand_in)
+    tokens = stand_in[1].tokenize_str(text, parse_special=True)
+    return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and \
+        matcher.is_accepting()
+
+
+# ------------------------------------------------------------------------------------------ MiniMax M3
+
+
+def test_minimax_m3_is_described_in_the_derived_terms(derivations):  # noqa: F811
+    fmt = derivations["MiniMax-M3"].dialect.format
+    assert (fmt.param_open, fmt.param_mid, fmt.param_close) == (f"{NS}<", ">", f"{NS}</{KEY_SLOT}>")
+    assert (fmt.xml_item, fmt.null_omitted, fmt.empty_think) == ("item", True, True)
+    assert (fmt.think_open, fmt.think_close) == ("<mm:think>", "</mm:think>")
+    assert f'{NS}<invoke name="' in fmt.call_open and fmt.call_close == f"{NS}</invoke>"
+
+
+def test_minimax_m3_nested_values_read_back_by_the_schema(derivations, stand_in):  # noqa: F811
+    """Arrays of objects, an empty array, booleans, a number, strings that read as a number or a boolean:
+    parsed split-invariantly to the same arguments, and rendered back to the same text."""
+    dialect = derivations["MiniMax-M3"].dialect
+    prompt, output = _rendered_output(dialect, _turn(EDIT_ARGS, reasoning="plan"))
+    output = output.removesuffix(dialect.format.turn_end)
+    assert f"{NS}<files>{NS}<item>{NS}<path>a <b>.py{NS}</path>{NS}<lines>{NS}<item>1{NS}</item>" in output
+    make = lambda: dialect.parser(EDIT_TOOLS, thinking=True, new_call_id=counter("c"))  # noqa: E731
+    assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=60)
+    message = _read(dialect, output)
+    (call,) = message.tool_calls
+    assert json.loads(call.arguments) == EDIT_ARGS and message.reasoning == "plan"
+    _, again = _rendered_output(dialect, message)
+    assert again.removesuffix(dialect.format.turn_end) == output
+
+
+def test_minimax_m3_nested_key_named_like_its_parameter_and_no_schema(derivations):  # noqa: F811
+    """An element inside a value with the parameter's own name does not close it; without a schema, elements
+    named `item` read as an array, others as an object, and scalars as what JSON spells alike."""
+    dialect = derivations["MiniMax-M3"].dialect
+    args = {"opts": {"opts": {"x": "y"}, "force": False}, "q": [["a", 2.5], {"item": 1}]}
+    loose = FunctionTool("t", "", {"type": "object", "properties": {
+        "opts": {"type": "object"}, "q": {"type": "array", "items": {}}}})
+    turn = Message("assistant", "", tool_calls=(ToolCall("c1", "t", json.dumps(args)),))
+    _, output = _rendered_output(dialect, turn, tools=(loose,))
+    (call,) = _read(dialect, output, tools=(loose,)).tool_calls
+    # {"item": 1} is written as [1] is: read as the array (the text, hence the next prompt, is the same)
+    assert json.loads(call.arguments) == {"opts": {"opts": {"x": "y"}, "force": False}, "q": [["a", 2.5], [1]]}
+    _, again = _rendered_output(dialect, Message("assistant", "", tool_calls=(call,)), tools=(loose,))
+    assert again == output
+
+
+def test_minimax_m3_turn_without_reasoning_opens_with_the_closer_alone(derivations, stand_in):  # noqa: F811
+    dialect = derivations["MiniMax-M3"].dialect
+    prompt, output = _rendered_output(dialect, Message("assistant", "Paris."))
+    assert output.startswith("</mm:think>Paris.")
+    message = _read(dialect, output.removesuffix(dialect.format.turn_end))
+    assert (message.content, message.reasoning) == ("Paris.", None)
+    following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS))
+    assert following.startswith(prompt + output)
+    spec_on, spec_off = FenceSpec(tools=EDIT_TOOLS, thinking=True), FenceSpec(tools=EDIT_TOOLS, thinking=False)
+    assert _fenced(dialect, spec_on, stand_in, "</mm:think>Paris.")
+    assert _fenced(dialect, spec_on, stand_in, "<mm:think>hm</mm:think>Paris.")
+    assert _fenced(dialect, spec_off, stand_in, "</mm:think>Paris.")
+    assert not _fenced(dialect, spec_off, stand_in, "<mm:think>hm</mm:think>Paris.")
+    assert not _fenced(dialect, spec_on, stand_in, "Paris.")
+
+
+def test_minimax_m3_fence_writes_nested_values_as_elements(derivations, stand_in):  # noqa: F811
+    dialect = derivations["MiniMax-M3"].dialect
+    spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"), thinking=False)
+    head = f'</mm:think>{NS}<tool_call>\n{NS}<invoke name="edit">'
+    tail = f"{NS}</invoke>\n{NS}</tool_call>"
+    files = f"{NS}<files>{NS}<item>{NS}<path>a.py{NS}</path>{NS}<lines>{NS}<item>3{NS}</item>{NS}</lines>" \
+            f"{NS}</item>{NS}</files>"
+    count = f"{NS}<count>4{NS}</count>"
+    for body, accepted in ((files + count, True), (f"{NS}<files>{NS}</files>{count}", True),
+                           (files + f"{NS}<opts>{NS}<force>true{NS}</force>{NS}</opts>" + count, True),
+                           (files, False),  # count is required
+                           (f'{NS}<files>[{{"path": "a.py"}}]{NS}</files>{count}', False),  # JSON, not elements
+                           (files.replace("<item>", "<it>").replace("</item>", "</it>") + count, False),
+                           (files + f"{NS}<count>x{NS}</count>", False),
+                           (files.replace("a.py", f"a{NS}<b>") + count, False)):
+        assert _fenced(dialect, spec, stand_in, head + body + tail) is accepted, body
+
+
+def test_minimax_m3_fenced_random_nested_calls_are_valid(derivations, stand_in):  # noqa: F811
+    """Random logits under the fence for a tool with nested arrays and objects: each sample parses back to a
+    call whose arguments fit the schema, and renders back as sampled."""
+    dialect = derivations["MiniMax-M3"].dialect
+    for seed in range(12):
+        spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("required"), thinking=False)
+        text = _sample(_matcher(dialect, spec, stand_in), stand_in, random.Random(seed))
+        message = _read(dialect, text, thinking=False)
+        assert message.tool_calls, text
+        for call in message.tool_calls:
+            assert _fits(json.loads(call.arguments), EDIT.parameters), (text, call.arguments)
+        prompt, again = _rendered_output(dialect, message, thinking=False)
+        assert again.startswith(text), (text, again)
+
+
+def _fits(value, schema: dict) -> bool:
+    """The subset of JSON Schema EDIT uses."""
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties", {})
+        return (isinstance(value, dict) and set(schema.get("required", ())) <= set(value)
+                and all(k in props and _fits(v, props[k]) for k, v in value.items()))
+    if kind == "array":
+        return isinstance(value, list) and all(_fits(v, schema.get("items", {})) for v in value)
+    if kind == "integer":
+        return type(value) is int and schema.get("minimum", value) <= value <= schema.get("maximum", value)
+    if kind == "boolean":
+        return type(value) is bool
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", 10 ** 6)
+    return True
+
+
+# ------------------------------------------------------------------------------------------ Kimi K3
+
+
+def test_kimi_k3_is_described_in_the_derived_terms(derivations):  # noqa: F811
+    fmt = derivations["Kimi-K3"].dialect.format
+    assert TYPE_SLOT in fmt.param_mid and dict(fmt.type_words) == {
+        "string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null",
+        "object": "object", "array": "array"}
+    assert fmt.name_close.count("\x01") == 1 and 'index="' in fmt.name_close
+    assert fmt.turn_end == "<|end_of_msg|>" and fmt.text_close == "<|close|>response<|sep|><|close|>message<|sep|>"
+    assert fmt.gen_in_think and fmt.think_close.startswith("<|close|>think<|sep|>")
+
+
+def test_kimi_k3_type_word_tells_a_string_from_a_number(derivations, stand_in):  # noqa: F811
+    dialect = derivations["Kimi-K3"].dialect
+    args = {"files": [{"path": "a.py", "lines": [1]}], "opts": {"force": True, "tag": "7"}, "count": 7,
+            "label": "7"}
+    prompt, output = _rendered_output(dialect, _turn(args, reasoning="plan", text="On it."))
+    assert 'key="count" type="number"<|sep|>7<|close|>' in output and 'key="label" type="string"<|sep|>7<' in output
+    output = output.removesuffix(dialect.format.turn_end)
+    make = lambda: dialect.parser(EDIT_TOOLS, thinking=True, new_call_id=counter("c"))  # noqa: E731
+    assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=60)
+    message = _read(dialect, output)
+    assert (message.content, message.reasoning) == ("On it.", "plan")
+    assert json.loads(message.tool_calls[0].arguments) == args
+    # a string where the schema says integer, as the model wrote it: read by its type word, not the schema
+    text = output.replace('key="count" type="number"<|sep|>7', 'key="count" type="string"<|sep|>7')
+    assert json.loads(_read(dialect, text).tool_calls[0].arguments)["count"] == "7"
+
+
+def test_kimi_k3_calls_count_from_one_and_are_fenced_by_type(derivations, stand_in):  # noqa: F811
+    dialect = derivations["Kimi-K3"].dialect
+    spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"))
+    call = ('<|open|>call tool="edit" index="{i}"<|sep|><|open|>argument key="files" type="array"<|sep|>[]'
+            '<|close|>argument<|sep|><|open|>argument key="count" type="{t}"<|sep|>{v}<|close|>argument<|sep|>'
+            '<|close|>call<|sep|>')
+    head = "r<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+    tail = "<|close|>tools<|sep|><|close|>message<|sep|>"
+    for i, t, v, accepted in (("1", "number", "3", True), ("12", "number", "3", True), ("1", "string", "3", False),
+                              ("1", "number", '"3"', False), ("x", "number", "3", False)):
+        text = head + call.format(i=i, t=t, v=v) + tail
+        assert _fenced(dialect, spec, stand_in, text) is accepted, (i, t, v)
+    (got,) = _read(dialect, head + call.format(i="12", t="number", v="3") + tail).tool_calls
+    assert json.loads(got.arguments) == {"files": [], "count": 3}
+
+
+def test_kimi_k3_text_turn_closes_and_continues(derivations, stand_in):  # noqa: F811
+    """A turn with text only: its closing framing (`<|close|>response<|sep|><|close|>message<|sep|>`) is not
+    text, the fence lets the model write it, and the next prompt continues the turn whether it did or not."""
+    dialect = derivations["Kimi-K3"].dialect
+    fmt = dialect.format
+    prompt, output = _rendered_output(dialect, Message("assistant", "Paris.", reasoning="easy"))
+    assert output == "easy" + fmt.think_close + "Paris." + fmt.text_close + fmt.turn_end
+    written = output.removesuffix(fmt.turn_end)
+    for text in (written, written.removesuffix(fmt.text_close)):
+        message = _read(dialect, text)
+        assert (message.content, message.reasoning) == ("Paris.", "easy")
+        following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS))
+        assert following.startswith(prompt + text)
+        assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS), stand_in, text)
+    # the end-of-turn marker is one marker, never one the calls use (it stops generation)
+    assert all(fmt.turn_end not in literal for literal in (fmt.call_open, fmt.call_close, fmt.param_close))
