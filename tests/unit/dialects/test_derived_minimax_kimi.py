@@ -35,9 +35,9 @@ EDIT = FunctionTool("edit", "Edit files", {
     "type": "object",
     "properties": {
         "files": {"type": "array", "items": {"type": "object", "properties": {
-            "path": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
+            "path": {"type": "string", "maxLength": 8}, "lines": {"type": "array", "items": {"type": "integer"}}},
             "required": ["path"]}},
-        "opts": {"type": "object", "properties": {"force": {"type": "boolean"}, "tag": {"type": "string"}},
+        "opts": {"type": "object", "properties": {"force": {"type": "boolean"}, "tag": {"type": "string", "maxLength": 6}},
                  "required": ["force"]},
         "count": {"type": "integer", "minimum": 0, "maximum": 99},
         "label": {"type": "string", "maxLength": 8},
@@ -161,7 +161,9 @@ def test_minimax_m3_fenced_random_nested_calls_are_valid(derivations, stand_in):
         for call in message.tool_calls:
             assert _fits(json.loads(call.arguments), EDIT.parameters), (text, call.arguments)
         prompt, again = _rendered_output(dialect, message, thinking=False)
-        assert again.startswith(text), (text, again)
+        # llguidance's JSON numbers allow `-0`, which reads as 0 and the template writes `0`: the one spelling
+        # of a sample that the next prompt writes otherwise (as in every dialect with JSON values)
+        assert again.startswith(text.replace(">-0" + NS, ">0" + NS)), (text, again)
 
 
 def _fits(value, schema: dict) -> bool:

@@ -88,7 +88,8 @@ class _Writer:
         if self.bare_tools:  # one call written as a bare JSON object, the whole answer
             for name, body in bare_call_rules(tools, framing=f.content_lead).items():
                 self.rule(name, body)
-            section = f"bare_call | {section}"
+            closed = f" ({self.lits(f.text_close)})?" if f.text_close else ""  # the text's framing (Kimi K3)
+            section = f"bare_call{closed} | {section}"
         if not f.text_with_calls or f.text_after_calls:
             # text beside calls would be lost from the next turn's prompt, or moved (Gemma 4 writes it after the
             # calls' results once they follow): a turn holds text or calls

@@ -140,8 +140,9 @@ def _value(node: _Node, schema: dict, item: str):
             number = json.loads(text)
         except ValueError:
             return text
-        # only a number the template writes back as this same text (`1e5` is read as a string)
-        if isinstance(number, (int, float)) and not isinstance(number, bool) and str(number) == text:
+        # a number where the schema says so; without a schema, only one the template writes back as this same
+        # text (`1e5` is read as a string)
+        if isinstance(number, (int, float)) and not isinstance(number, bool) and (kinds or str(number) == text):
             return number
     return text
 
