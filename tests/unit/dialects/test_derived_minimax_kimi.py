@@ -19,16 +19,38 @@ from tests.support.dialect_harness import assert_split_invariant, counter
 from tests.unit.dialects.test_derived_templates import (
     USER,
     _as_message,
+    _looks_special,
     _matcher,
-    _parse,
     _sample,
-    derivations,  # noqa: F401  (a fixture)
-    stand_in,  # noqa: F401  (a fixture)
     templates,  # noqa: F401  (a fixture)
 )
 from zllm.canonical import FunctionTool, Message, ToolCall, ToolChoice
 from zllm.dialects.base import Conversation, FenceSpec
+from zllm.dialects.derived.dialect import derive_dialect
 from zllm.dialects.derived.format import KEY_SLOT, TYPE_SLOT
+from zllm.dialects.derived.probe import split_markers
+
+FAMILIES = ("MiniMax-M3", "Kimi-K3")
+
+
+@pytest.fixture(scope="module")
+def derivations(templates):  # noqa: F811
+    return {name: derive_dialect(templates[name], bos_token="<s>", eos_token="</s>") for name in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def stand_in(derivations, qwen_tokenizer):
+    """As test_derived_templates' stand-in, for these two families' markers: Qwen's vocabulary plus each marker
+    as one special token."""
+    import copy
+
+    import llguidance.hf
+
+    tokenizer = copy.deepcopy(qwen_tokenizer)
+    markers = {piece for d in derivations.values() for literal in d.dialect.format.literals()
+               for piece in split_markers(literal) if piece.strip() and _looks_special(piece)}
+    tokenizer.add_tokens(sorted(markers - set(tokenizer.get_added_vocab())), special_tokens=True)
+    return tokenizer, llguidance.hf.from_tokenizer(tokenizer)
 
 NS = "]<]minimax[>["
 EDIT = FunctionTool("edit", "Edit files", {
@@ -37,8 +59,8 @@ EDIT = FunctionTool("edit", "Edit files", {
         "files": {"type": "array", "items": {"type": "object", "properties": {
             "path": {"type": "string", "maxLength": 8}, "lines": {"type": "array", "items": {"type": "integer"}}},
             "required": ["path"]}},
-        "opts": {"type": "object", "properties": {"force": {"type": "boolean"}, "tag": {"type": "string", "maxLength": 6}},
-                 "required": ["force"]},
+        "opts": {"type": "object", "required": ["force"],
+                 "properties": {"force": {"type": "boolean"}, "tag": {"type": "string", "maxLength": 6}}},
         "count": {"type": "integer", "minimum": 0, "maximum": 99},
         "label": {"type": "string", "maxLength": 8},
     },
@@ -65,7 +87,7 @@ def _read(dialect, text, tools=EDIT_TOOLS, thinking=True) -> Message:
     return _as_message(parse_all(lambda: dialect.parser(tools, thinking=thinking, new_call_id=counter("c")), text))
 
 
-def _fenced(dialect, spec, stand_in, text) -> bool:  # noqa: F811
+def _fenced(dialect, spec, stand_in, text) -> bool:
     matcher = _matcher(dialect, spec, stand_in)
     tokens = stand_in[1].tokenize_str(text, parse_special=True)
     return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and \
@@ -75,7 +97,7 @@ def _fenced(dialect, spec, stand_in, text) -> bool:  # noqa: F811
 # ------------------------------------------------------------------------------------------ MiniMax M3
 
 
-def test_minimax_m3_is_described_in_the_derived_terms(derivations):  # noqa: F811
+def test_minimax_m3_is_described_in_the_derived_terms(derivations):
     fmt = derivations["MiniMax-M3"].dialect.format
     assert (fmt.param_open, fmt.param_mid, fmt.param_close) == (f"{NS}<", ">", f"{NS}</{KEY_SLOT}>")
     assert (fmt.xml_item, fmt.null_omitted, fmt.empty_think) == ("item", True, True)
@@ -83,7 +105,7 @@ def test_minimax_m3_is_described_in_the_derived_terms(derivations):  # noqa: F81
     assert f'{NS}<invoke name="' in fmt.call_open and fmt.call_close == f"{NS}</invoke>"
 
 
-def test_minimax_m3_nested_values_read_back_by_the_schema(derivations, stand_in):  # noqa: F811
+def test_minimax_m3_nested_values_read_back_by_the_schema(derivations, stand_in):
     """Arrays of objects, an empty array, booleans, a number, strings that read as a number or a boolean:
     parsed split-invariantly to the same arguments, and rendered back to the same text."""
     dialect = derivations["MiniMax-M3"].dialect
@@ -99,7 +121,7 @@ def test_minimax_m3_nested_values_read_back_by_the_schema(derivations, stand_in)
     assert again.removesuffix(dialect.format.turn_end) == output
 
 
-def test_minimax_m3_nested_key_named_like_its_parameter_and_no_schema(derivations):  # noqa: F811
+def test_minimax_m3_nested_key_named_like_its_parameter_and_no_schema(derivations):
     """An element inside a value with the parameter's own name does not close it; without a schema, elements
     named `item` read as an array, others as an object, and scalars as what JSON spells alike."""
     dialect = derivations["MiniMax-M3"].dialect
@@ -115,7 +137,7 @@ def test_minimax_m3_nested_key_named_like_its_parameter_and_no_schema(derivation
     assert again == output
 
 
-def test_minimax_m3_turn_without_reasoning_opens_with_the_closer_alone(derivations, stand_in):  # noqa: F811
+def test_minimax_m3_turn_without_reasoning_opens_with_the_closer_alone(derivations, stand_in):
     dialect = derivations["MiniMax-M3"].dialect
     prompt, output = _rendered_output(dialect, Message("assistant", "Paris."))
     assert output.startswith("</mm:think>Paris.")
@@ -131,7 +153,7 @@ def test_minimax_m3_turn_without_reasoning_opens_with_the_closer_alone(derivatio
     assert not _fenced(dialect, spec_on, stand_in, "Paris.")
 
 
-def test_minimax_m3_fence_writes_nested_values_as_elements(derivations, stand_in):  # noqa: F811
+def test_minimax_m3_fence_writes_nested_values_as_elements(derivations, stand_in):
     dialect = derivations["MiniMax-M3"].dialect
     spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"), thinking=False)
     head = f'</mm:think>{NS}<tool_call>\n{NS}<invoke name="edit">'
@@ -149,7 +171,7 @@ def test_minimax_m3_fence_writes_nested_values_as_elements(derivations, stand_in
         assert _fenced(dialect, spec, stand_in, head + body + tail) is accepted, body
 
 
-def test_minimax_m3_fenced_random_nested_calls_are_valid(derivations, stand_in):  # noqa: F811
+def test_minimax_m3_fenced_random_nested_calls_are_valid(derivations, stand_in):
     """Random logits under the fence for a tool with nested arrays and objects: each sample parses back to a
     call whose arguments fit the schema, and renders back as sampled."""
     dialect = derivations["MiniMax-M3"].dialect
@@ -187,7 +209,7 @@ def _fits(value, schema: dict) -> bool:
 # ------------------------------------------------------------------------------------------ Kimi K3
 
 
-def test_kimi_k3_is_described_in_the_derived_terms(derivations):  # noqa: F811
+def test_kimi_k3_is_described_in_the_derived_terms(derivations):
     fmt = derivations["Kimi-K3"].dialect.format
     assert TYPE_SLOT in fmt.param_mid and dict(fmt.type_words) == {
         "string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null",
@@ -197,7 +219,7 @@ def test_kimi_k3_is_described_in_the_derived_terms(derivations):  # noqa: F811
     assert fmt.gen_in_think and fmt.think_close.startswith("<|close|>think<|sep|>")
 
 
-def test_kimi_k3_type_word_tells_a_string_from_a_number(derivations, stand_in):  # noqa: F811
+def test_kimi_k3_type_word_tells_a_string_from_a_number(derivations, stand_in):
     dialect = derivations["Kimi-K3"].dialect
     args = {"files": [{"path": "a.py", "lines": [1]}], "opts": {"force": True, "tag": "7"}, "count": 7,
             "label": "7"}
@@ -214,7 +236,7 @@ def test_kimi_k3_type_word_tells_a_string_from_a_number(derivations, stand_in): 
     assert json.loads(_read(dialect, text).tool_calls[0].arguments)["count"] == "7"
 
 
-def test_kimi_k3_calls_count_from_one_and_are_fenced_by_type(derivations, stand_in):  # noqa: F811
+def test_kimi_k3_calls_count_from_one_and_are_fenced_by_type(derivations, stand_in):
     dialect = derivations["Kimi-K3"].dialect
     spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"))
     call = ('<|open|>call tool="edit" index="{i}"<|sep|><|open|>argument key="files" type="array"<|sep|>[]'
@@ -230,7 +252,7 @@ def test_kimi_k3_calls_count_from_one_and_are_fenced_by_type(derivations, stand_
     assert json.loads(got.arguments) == {"files": [], "count": 3}
 
 
-def test_kimi_k3_text_turn_closes_and_continues(derivations, stand_in):  # noqa: F811
+def test_kimi_k3_text_turn_closes_and_continues(derivations, stand_in):
     """A turn with text only: its closing framing (`<|close|>response<|sep|><|close|>message<|sep|>`) is not
     text, the fence lets the model write it, and the next prompt continues the turn whether it did or not."""
     dialect = derivations["Kimi-K3"].dialect

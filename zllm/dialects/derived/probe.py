@@ -275,9 +275,26 @@ class _Prober:
         number = f"{second_close}{draft.param_open}{KN}{draft.mid_of('integer')}{VN}{draft.close_of(KN)}"
         if not two[n2 + len(NAME_B):].startswith(number):
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
-        return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
-                           two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
-                           **{**parts, **typed}, **self._constants(lead, draft), **wrap)
+        fmt = self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
+                          two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
+                          **{**parts, **typed}, **self._constants(lead, draft), **wrap)
+        return self._marker_ends_literals(fmt)
+
+    def _marker_ends_literals(self, fmt: CallFormat) -> CallFormat:
+        """A marker every literal after the name, a parameter or a call starts with (Kimi K3's `<|sep|>`) ends
+        the literal before it instead: `<|open|>call tool="NAME" index="1"<|sep|>`, not `<|sep|><|open|>...`
+        (the same text in the same order; the literals read as the template's tags)."""
+        followers = (fmt.call_open, fmt.param_open, fmt.call_close, fmt.section_close)
+        spans = self._marker_spans(fmt.call_open)
+        if fmt.call_sep or not spans or spans[0][0] != 0:
+            return fmt
+        marker = fmt.call_open[:spans[0][1]]
+        if not all(f.startswith(marker) and f != marker for f in followers):
+            return fmt
+        return _replace(fmt, section_open=fmt.section_open + marker, name_close=fmt.name_close + marker,
+                        param_close=fmt.param_close + marker, call_close=fmt.call_close[len(marker):] + marker,
+                        call_open=fmt.call_open[len(marker):], param_open=fmt.param_open[len(marker):],
+                        section_close=fmt.section_close[len(marker):])
 
     def _written(self, lead: str, draft: CallFormat, value) -> str | None:
         """How a tagged call writes `value` for parameter KN: from after the key to the parameter's closer

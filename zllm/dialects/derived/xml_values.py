@@ -1,6 +1,6 @@
 """Nested values written as elements in a tagged format's own parameter markup (format.py `xml_item`), MiniMax M3:
 
-    {"a": [1, true, "x"], "c": false}   ↔   NS<a>NS<item>1NS</item>NS<item>trueNS</item>NS<item>xNS</item>NS</a>NS<c>falseNS</c>
+    {"a": [1, true], "c": "x"}   ↔   NS<a>NS<item>1NS</item>NS<item>trueNS</item>NS</a>NS<c>xNS</c>
 
 where `NS<` / `>` / `NS</KEY>` are the format's `param_open` / `param_mid` / `param_close`, an array's items are
 named `xml_item`, strings raw, numbers as Python writes them, booleans as JSON, null left out of an object (an
@@ -129,8 +129,6 @@ def _value(node: _Node, schema: dict, item: str):
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         return {child.name: _value(child, properties.get(child.name) or {}, item) for child in node.children}
     text = node.text
-    if kinds and kinds <= {"string", "null"}:
-        return text
     if not text:
         return {} if kinds == {"object"} else [] if kinds == {"array"} else ""
     if text in ("true", "false") and (not kinds or "boolean" in kinds):
