@@ -89,7 +89,8 @@ def _read(dialect, text, tools=EDIT_TOOLS, thinking=True) -> Message:
 
 def _fenced(dialect, spec, stand_in, text) -> bool:
     matcher = _matcher(dialect, spec, stand_in)
-    tokens = stand_in[1].tokenize_str(text, parse_special=True)
+    # the vocabulary's own tokenization (llguidance's `parse_special` knows only `<...>`-shaped specials)
+    tokens = stand_in[0].encode(text, add_special_tokens=False)
     return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and \
         matcher.is_accepting()
 
@@ -268,3 +269,32 @@ def test_kimi_k3_text_turn_closes_and_continues(derivations, stand_in):
         assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS), stand_in, text)
     # the end-of-turn marker is one marker, never one the calls use (it stops generation)
     assert all(fmt.turn_end not in literal for literal in (fmt.call_open, fmt.call_close, fmt.param_close))
+
+
+def test_minimax_m3_with_its_marker_as_one_token(templates, qwen_tokenizer):  # noqa: F811
+    """M3's vocabulary has `]<]minimax[>[` as one special token (the stand-in above spells it as text): derived
+    with it as an added token, the fence names it by id, accepts the rendered turn token by token, samples
+    valid nested calls, and the read-back turn renders to the same tokens."""
+    import copy
+
+    import llguidance.hf
+
+    specials = [NS, "<mm:think>", "</mm:think>", "[e~[", "]~b]"]
+    tokenizer = copy.deepcopy(qwen_tokenizer)
+    tokenizer.add_tokens(specials, special_tokens=True)
+    vocab = (tokenizer, llguidance.hf.from_tokenizer(tokenizer))
+    dialect = derive_dialect(templates["MiniMax-M3"], added_tokens=specials).dialect
+    assert NS in dialect.markup
+    assert dialect.format.turn_end == "[e~["  # the end-of-turn marker, now that it is known as one
+    prompt, full = _rendered_output(dialect, _turn(EDIT_ARGS, reasoning="plan"))
+    output = full[:full.rindex(dialect.format.turn_end)]
+    assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=True), vocab, output)
+    message = _read(dialect, output)
+    _, again = _rendered_output(dialect, message)
+    assert tokenizer.encode(prompt + again, add_special_tokens=False) == \
+        tokenizer.encode(prompt + full, add_special_tokens=False)
+    spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("required"), thinking=False)
+    for seed in range(4):
+        text = _sample(_matcher(dialect, spec, vocab), vocab, random.Random(seed))
+        calls = _read(dialect, text, thinking=False).tool_calls
+        assert calls and all(_fits(json.loads(c.arguments), EDIT.parameters) for c in calls), text
