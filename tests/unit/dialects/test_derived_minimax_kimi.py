@@ -298,3 +298,29 @@ def test_minimax_m3_with_its_marker_as_one_token(templates, qwen_tokenizer):  # 
         text = _sample(_matcher(dialect, spec, vocab), vocab, random.Random(seed))
         calls = _read(dialect, text, thinking=False).tool_calls
         assert calls and all(_fits(json.loads(c.arguments), EDIT.parameters) for c in calls), text
+
+
+def test_kimi_k3_reads_its_thinking_switch_from_the_client(derivations, stand_in):
+    """K3's template reads `thinking` (default on: the prompt opens `<|open|>think<|sep|>`); off, the prompt
+    opens the response and turns carry no think block: prompt, parser and fence follow the client's switch, and
+    a turn with text and two calls round-trips and continues."""
+    dialect = derivations["Kimi-K3"].dialect
+    assert (dialect.switch_variable, dialect.thinking_default, set(dialect.switched)) == ("thinking", True,
+                                                                                          {True, False})
+    off = dialect.render(Conversation((USER,), EDIT_TOOLS, thinking=False))
+    assert off.endswith('<|open|>message role="assistant"<|sep|><|open|>response<|sep|>')
+    assert dialect.render(Conversation((USER,), EDIT_TOOLS, thinking=True)).endswith("<|open|>think<|sep|>")
+    calls = (ToolCall("call_1", "edit", json.dumps({"files": [], "count": 1})),
+             ToolCall("call_2", "edit", json.dumps({"files": [{"path": "x"}], "count": 2})))
+    turn = Message("assistant", "Two edits.", tool_calls=calls)
+    prompt, output = _rendered_output(dialect, turn, thinking=False)
+    assert "<|open|>think" not in output and 'index="2"' in output
+    written = output[:output.rindex(dialect.format.turn_end)]
+    message = _read(dialect, written, thinking=False)
+    assert (message.content, message.reasoning, len(message.tool_calls)) == ("Two edits.", None, 2)
+    results = tuple(Message("tool", f"ok {i}", tool_call_id=c.id, name=c.name) for i, c in enumerate(message.tool_calls))
+    following = dialect.render(Conversation((USER, message, *results), EDIT_TOOLS, thinking=False))
+    assert following.startswith(prompt + output)
+    assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=False), stand_in, written)
+    assert not _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=False), stand_in,
+                       "hm<|close|>think<|sep|><|open|>response<|sep|>" + written)

@@ -56,14 +56,23 @@ def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **va
     return probe.derive()
 
 
-def thinking_switch(template: JinjaChatTemplate) -> bool | None:
-    """Whether the template's generation prompt follows `enable_thinking`: None when it does not, else the
+# the variables a template's reasoning switch is read from, in the order looked for (Kimi K3 reads `thinking`)
+SWITCHES = ("enable_thinking", "thinking")
+
+
+def thinking_variable(template: JinjaChatTemplate) -> str:
+    """The variable the template's generation prompt follows for reasoning ("" where none is)."""
+    return next((name for name in SWITCHES if thinking_switch(template, name) is not None), "")
+
+
+def thinking_switch(template: JinjaChatTemplate, variable: str = "enable_thinking") -> bool | None:
+    """Whether the template's generation prompt follows `variable`: None when it does not, else the
     setting it uses when the variable is not given (Qwen3.5: True, DeepSeek V3.1: False)."""
-    if "enable_thinking" not in template.source:
+    if not re.search(rf"\b{variable}\b", template.source):
         return None
     try:
         prompts = [template([{"role": "user", "content": USER}], tools=PROBE_TOOLS, add_generation_prompt=True,
-                            **({} if setting is None else {"enable_thinking": setting}))
+                            **({} if setting is None else {variable: setting}))
                    for setting in (None, True, False)]
     except Exception:
         return None
