@@ -239,7 +239,7 @@ def test_kimi_k3_type_word_tells_a_string_from_a_number(derivations, stand_in):
 
 def test_kimi_k3_calls_count_from_one_and_are_fenced_by_type(derivations, stand_in):
     dialect = derivations["Kimi-K3"].dialect
-    spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"))
+    spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"), thinking=True)
     call = ('<|open|>call tool="edit" index="{i}"<|sep|><|open|>argument key="files" type="array"<|sep|>[]'
             '<|close|>argument<|sep|><|open|>argument key="count" type="{t}"<|sep|>{v}<|close|>argument<|sep|>'
             '<|close|>call<|sep|>')
@@ -264,9 +264,10 @@ def test_kimi_k3_text_turn_closes_and_continues(derivations, stand_in):
     for text in (written, written.removesuffix(fmt.text_close)):
         message = _read(dialect, text)
         assert (message.content, message.reasoning) == ("Paris.", "easy")
-        following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS))
+        following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS,
+                                                thinking=True))
         assert following.startswith(prompt + text)
-        assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS), stand_in, text)
+        assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=True), stand_in, text)
     # the end-of-turn marker is one marker, never one the calls use (it stops generation)
     assert all(fmt.turn_end not in literal for literal in (fmt.call_open, fmt.call_close, fmt.param_close))
 

@@ -86,7 +86,7 @@ class CallFormat:
     # calls use too (Kimi K3's `<|close|>response<|sep|><|close|>message<|sep|>`): framing, dropped
     text_close: str = ""
     # the type word per JSON type ("string", "integer", "number", "boolean", "null", "object", "array") that
-    # `param_mid`'s TYPE_SLOT stands for, as "json=word" pairs (Kimi K3)
+    # `param_mid`'s TYPE_SLOT stands for, as (type, word) pairs (Kimi K3: integer and number are both "number")
     type_words: tuple[tuple[str, str], ...] = ()
     # nested objects and arrays written as elements in the parameters' markup, an array's items named so
     xml_item: str = ""

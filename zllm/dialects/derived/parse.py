@@ -16,9 +16,9 @@ from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolC
 from zllm.dialects.bare_json import BareCallReader, reads_bare
 from zllm.dialects.base import StreamParser
 from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
-from zllm.dialects.derived.xml_values import XmlValueCursor
 from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.derived.notation import NotationCursor
+from zllm.dialects.derived.xml_values import XmlValueCursor
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
 from zllm.dialects.scan import TagScanner
