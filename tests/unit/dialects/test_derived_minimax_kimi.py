@@ -215,7 +215,10 @@ def test_kimi_k3_is_described_in_the_derived_terms(derivations):
     assert TYPE_SLOT in fmt.param_mid and dict(fmt.type_words) == {
         "string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null",
         "object": "object", "array": "array"}
-    assert fmt.name_close.count("\x01") == 1 and 'index="' in fmt.name_close
+    # the literals read as the template's tags, each ending with its `<|sep|>`
+    assert (fmt.call_open, fmt.name_close, fmt.param_open, fmt.param_close, fmt.call_close) == (
+        '<|open|>call tool="', '" index="\x01"<|sep|>', '<|open|>argument key="', "<|close|>argument<|sep|>",
+        "<|close|>call<|sep|>")
     assert fmt.turn_end == "<|end_of_msg|>" and fmt.text_close == "<|close|>response<|sep|><|close|>message<|sep|>"
     assert fmt.gen_in_think and fmt.think_close.startswith("<|close|>think<|sep|>")
 
