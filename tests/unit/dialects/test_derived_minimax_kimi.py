@@ -322,7 +322,8 @@ def test_kimi_k3_reads_its_thinking_switch_from_the_client(derivations, stand_in
     written = output[:output.rindex(dialect.format.turn_end)]
     message = _read(dialect, written, thinking=False)
     assert (message.content, message.reasoning, len(message.tool_calls)) == ("Two edits.", None, 2)
-    results = tuple(Message("tool", f"ok {i}", tool_call_id=c.id, name=c.name) for i, c in enumerate(message.tool_calls))
+    results = tuple(Message("tool", f"ok {i}", tool_call_id=c.id, name=c.name)
+                    for i, c in enumerate(message.tool_calls))
     following = dialect.render(Conversation((USER, message, *results), EDIT_TOOLS, thinking=False))
     assert following.startswith(prompt + output)
     assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=False), stand_in, written)
