@@ -82,6 +82,9 @@ def _bare_output(dialect) -> tuple[str, str, str]:
     output = full[len(prompt):]
     end = _fmt(dialect).turn_end
     output = output[:output.rfind(end)] if end else output
+    close = _fmt(dialect).text_close
+    if close and output.endswith(close):  # the text's closing framing (Kimi K3) ends the turn with its marker
+        output, end = output[:len(output) - len(close)], close + end
     assert output.endswith(BARE), (output, "the template changed the bare object")
     return prompt, output, end
 

@@ -53,6 +53,9 @@ MUST_DERIVE = (
     # own, the results follow the calls (Apertus, Hunyuan 3)
     "GigaChat3.1-10B-A1.8B", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "Apertus-8B-Instruct", "tencent-Hy3",
+    # the parameter's key in its closer, nested values as elements (derived/xml_values.py); the value's type in
+    # the parameter's markup, the call's index from 1, the text framed by markers the calls use too
+    "MiniMax-M3", "Kimi-K3",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")

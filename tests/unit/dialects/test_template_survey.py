@@ -32,8 +32,6 @@ NOT_HOLDING = {
     "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
     # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
     "Reka-Edge",
-    # MiniMax M3 and Kimi K3: another branch of issue 21 (h21-mmk) derives them
-    "MiniMax-M3", "Kimi-K3",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template

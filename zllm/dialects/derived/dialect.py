@@ -26,7 +26,13 @@ from zllm.dialects.derived.format import CallFormat
 from zllm.dialects.derived.grammar import fence_grammar
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.parse import DerivedParser
-from zllm.dialects.derived.probe import NotDerivable, derive_format, split_markers, thinking_switch
+from zllm.dialects.derived.probe import (
+    NotDerivable,
+    derive_format,
+    split_markers,
+    thinking_switch,
+    thinking_variable,
+)
 from zllm.dialects.derived.render import render_conversation
 
 
@@ -36,10 +42,12 @@ class DerivedDialect(Dialect):
     renders_its_template = True  # ... and writes every call through it (template_match.py need not compare)
 
     def __init__(self, fmt: CallFormat, template: JinjaChatTemplate, markers: Iterable[str] = (), *,
-                 switched: dict[bool, CallFormat] | None = None, thinking_default: bool = False):
+                 switched: dict[bool, CallFormat] | None = None, thinking_default: bool = False,
+                 switch_variable: str = "enable_thinking"):
         """`switched`: for a template that reads `enable_thinking`, the format under each setting (its generation
         prompt opens or closes the reasoning block); `thinking_default` the setting it uses when not given."""
         self.format = fmt  # under the template's defaults
+        self.switch_variable = switch_variable  # the template variable `switched` is read from
         self.switched = dict(switched or {})
         self.template = template
         formats = (fmt, *self.switched.values())
@@ -59,7 +67,7 @@ class DerivedDialect(Dialect):
         return self.switched.get(thinking, self.format)
 
     def render(self, conversation: Conversation, template: ChatTemplate | None = None) -> str:
-        variables = {"enable_thinking": conversation.thinking} if self.switched else {}
+        variables = {self.switch_variable: conversation.thinking} if self.switched else {}
         return render_conversation(self.template, conversation, self.format_for(conversation.thinking), **variables)
 
     def parser(self, tools: tuple[FunctionTool, ...], *, thinking: bool,
@@ -89,25 +97,27 @@ def derive_dialect(template_source: str, *, added_tokens: Iterable[str] = (), bo
         fmt, failure = None, exc
     except Exception as exc:  # a template Jinja cannot compile
         return Derivation(None, False, f"the template cannot be rendered: {type(exc).__name__}: {exc}")
-    default, switched = thinking_switch(template), {}
+    variable = thinking_variable(template)
+    default, switched = (thinking_switch(template, variable) if variable else None), {}
     if default is not None:
         for setting in (True, False):
             try:
-                switched[setting] = derive_format(template, markers, enable_thinking=setting)
+                switched[setting] = derive_format(template, markers, **{variable: setting})
             except NotDerivable:
                 pass
-    how = ("; `enable_thinking` follows the client's reasoning switch (default "
+    how = (f"; `{variable}` follows the client's reasoning switch (default "
            f"{'on' if default else 'off'})") if len(switched) == 2 and fmt is not None else ""
     if fmt is None and len(switched) == 1:
         # the template's default prompt is not continued by the turns it renders (Gemma 4 opens and closes an
         # empty thought channel in the prompt, never in the turn): served with the setting that is
         (default, fmt), = switched.items()
-        how = (f"; `enable_thinking` {'on' if default else 'off'} by default (turns rendered with it "
+        how = (f"; `{variable}` {'on' if default else 'off'} by default (turns rendered with it "
                f"{'off' if default else 'on'} do not continue the prompt: the cache forks there)")
     elif fmt is None:
         return Derivation(None, False, str(failure))
     elif len(switched) != 2:
         switched = {}  # one setting cannot be described: the template's default only
-    return Derivation(DerivedDialect(fmt, template, markers, switched=switched, thinking_default=bool(default)), True,
+    return Derivation(DerivedDialect(fmt, template, markers, switched=switched, thinking_default=bool(default),
+                                     switch_variable=variable or "enable_thinking"), True,
                       f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}"
                       + how)

@@ -8,6 +8,11 @@ ARGUMENTS is either one JSON object (`json`) in the canonical spelling, or per-p
 
     {param_open}KEY{param_mid}VALUE{param_close}            one per argument; string values raw, others JSON
 
+with `param_close` naming its key where the template writes it so (MiniMax M3's `NS</KEY>`: KEY_SLOT), and
+`param_mid` naming the value's type where it does (Kimi K3's `" type="number"<|sep|>`: TYPE_SLOT, `type_words`
+the word per JSON type); nested values as JSON, or (`xml_item`) as elements in the same markup, an array's items
+named `xml_item` (MiniMax M3, derived/xml_values.py);
+
 or an object in the template's own notation (`notation`, notation.py: Gemma 4's `{city:<|"|>paris<|"|>,days:3}`),
 `quote_open` / `quote_close` around its strings, `null_word` for null, keys sorted where the template sorts them.
 
@@ -29,6 +34,9 @@ from dataclasses import dataclass
 # `functions.NAME:0<|tool_call_argument_begin|>`)
 ID_SLOT, INDEX_SLOT = "\x00", "\x01"
 SLOTS = (ID_SLOT, INDEX_SLOT)
+# stand-ins inside a tagged format's parameter literals: the parameter's key (in `param_close`), the value's
+# type word (in `param_mid`)
+KEY_SLOT, TYPE_SLOT = "\x02", "\x03"
 STRICT_ID = "[A-Za-z0-9]{9}"  # Mistral's templates refuse any other id
 
 
@@ -72,6 +80,19 @@ class CallFormat:
     # turn's prompt spells otherwise)
     constants: str = ""
 
+    # a turn without reasoning opens with `think_close` alone (MiniMax M3's `</mm:think>`): framing, dropped
+    empty_think: bool = False
+    # the markup a turn's text is closed with before `turn_end` where the turn has no calls, made of markers the
+    # calls use too (Kimi K3's `<|close|>response<|sep|><|close|>message<|sep|>`): framing, dropped
+    text_close: str = ""
+    # the type word per JSON type ("string", "integer", "number", "boolean", "null", "object", "array") that
+    # `param_mid`'s TYPE_SLOT stands for, as (type, word) pairs (Kimi K3: integer and number are both "number")
+    type_words: tuple[tuple[str, str], ...] = ()
+    # nested objects and arrays written as elements in the parameters' markup, an array's items named so
+    xml_item: str = ""
+    # the template leaves out a parameter whose value is null (MiniMax M3)
+    null_omitted: bool = False
+
     # the slot one literal (name_close or call_close) holds, and the ids its template accepts (a regex, or ""
     # for any id)
     slot: str = ""
@@ -104,12 +125,28 @@ class CallFormat:
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
                  self.think_close, self.quote_open, self.quote_close, self.wrap_open, self.wrap_close,
-                 self.bare_call_close)
+                 self.bare_call_close, self.text_close)
         return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
+
+    def close_of(self, key: str) -> str:
+        """The parameter closer after `key`'s value."""
+        return self.param_close.replace(KEY_SLOT, key)
+
+    def mid_of(self, kind: str) -> str:
+        """The key / value joiner for a value of JSON type `kind` (its type word where the template writes one)."""
+        if not self.type_words:
+            return self.param_mid
+        return self.param_mid.replace(TYPE_SLOT, self.type_word(kind))
+
+    def type_word(self, kind: str) -> str:
+        return dict(self.type_words).get(kind, kind)
+
+    def string_word(self) -> str:
+        return self.type_word("string")
 
     def summary(self) -> str:
         """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
-        args = (f"{self.param_open}K{self.param_mid}V{self.param_close}" if self.tagged
+        args = (f"{self.param_open}K{self.mid_of('string')}V{self.close_of('K')}" if self.tagged
                 else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
         return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
@@ -117,7 +154,7 @@ class CallFormat:
 
 def split_slot(literal: str) -> tuple[str, str]:
     """`literal` around its slot: (before, after); (literal, "") without one."""
-    for slot in SLOTS:
+    for slot in (*SLOTS, KEY_SLOT, TYPE_SLOT):
         if slot in literal:
             head, _, tail = literal.partition(slot)
             return head, tail

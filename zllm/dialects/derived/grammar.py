@@ -24,6 +24,7 @@ from zllm.canonical import FunctionTool
 from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex, reads_bare
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
 from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat
+from zllm.dialects.derived.param_grammar import typed_value, xml_value
 from zllm.dialects.glm.format import is_string_schema, param_schemas
 from zllm.dialects.string_values import raw_string_terminal
 
@@ -54,6 +55,9 @@ class _Writer:
         head = ""
         if f.gen_in_think:
             head = self.until("reasoning", f.think_close) + " "
+        elif f.empty_think:  # reasoning, or its closer alone (MiniMax M3)
+            thought = f"{self.lits(f.think_open)} {self.until('reasoning', f.think_close)}"
+            head = f"({thought} | {self.lits(f.think_close)}) " if spec.thinking else f"{self.lits(f.think_close)} "
         elif f.reasons and spec.thinking:
             self.rule("think", f"{self.lits(f.think_open)} {self.until('reasoning', f.think_close)}")
             head = "think? "
@@ -64,6 +68,9 @@ class _Writer:
         f = self.f
         forced = bool(tools) and spec.choice.mode in ("required", "tool")
         text = "" if forced else self.terminal("TEXT", self.answer_text())
+        if text and f.text_close:  # the text's closing framing may follow it (Kimi K3)
+            close = self.lits(f.text_close)
+            text = self.rule("text_closed", f"{text} ({close})? | {close}")
         if spec.response_schema is not None:
             schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
             self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")
@@ -81,7 +88,8 @@ class _Writer:
         if self.bare_tools:  # one call written as a bare JSON object, the whole answer
             for name, body in bare_call_rules(tools, framing=f.content_lead).items():
                 self.rule(name, body)
-            section = f"bare_call | {section}"
+            closed = f" ({self.lits(f.text_close)})?" if f.text_close else ""  # the text's framing (Kimi K3)
+            section = f"bare_call{closed} | {section}"
         if not f.text_with_calls or f.text_after_calls:
             # text beside calls would be lost from the next turn's prompt, or moved (Gemma 4 writes it after the
             # calls' results once they follow): a turn holds text or calls
@@ -130,15 +138,20 @@ class _Writer:
         parts = []
         for number, (key, schema) in enumerate(schemas.items()):
             rule = f"p_{index}_{number}"
+            name, closer, opener = f"value_{index}_{number}", f.close_of(key), self.lits(f.param_open + key)
             if tool.grammar is not None:
-                value = self.until(f"value_{index}_{number}", f.param_close)
+                value = f"{self.lits(f.mid_of('string'))} {self.until(name, closer)}"
+            elif f.type_words:
+                value = typed_value(self, name, schema, closer)
+            elif f.xml_item and not is_string_schema(schema):
+                value = f"{self.lits(f.param_mid)} {xml_value(self, name, schema, closer)}"
             elif is_string_schema(schema) and f.wrap_open and not _choices(schema):
-                value = self.wrapped_string(f"value_{index}_{number}", schema)
+                value = f"{self.lits(f.param_mid)} {self.wrapped_string(name, schema)}"
             elif is_string_schema(schema):
-                value = self.string_value(f"value_{index}_{number}", schema)
+                value = f"{self.lits(f.param_mid)} {self.string_value(name, schema, closer=closer)}"
             else:
-                value = f"{self.json_value(schema)} {self.lits(f.param_close)}"
-            self.rule(rule, f"{self.lits(f.param_open + key + f.param_mid)} {value}")
+                value = f"{self.lits(f.param_mid)} {self.json_value(schema)} {self.lits(closer)}"
+            self.rule(rule, f"{opener} {value}")
             parts.append(rule if key in required else f"{rule}?")
         return parts
 

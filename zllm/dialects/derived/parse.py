@@ -18,6 +18,7 @@ from zllm.dialects.base import StreamParser
 from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.derived.notation import NotationCursor
+from zllm.dialects.derived.xml_values import XmlValueCursor
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
 from zllm.dialects.scan import TagScanner
@@ -36,7 +37,9 @@ class _State(Enum):
     NOTATION_ARGS = auto()  # arguments in the template's own notation (notation.py), streamed as JSON
     CALL_CLOSE = auto()  # after a JSON object: the call's closer
     KEY = auto()
+    TYPE = auto()  # the value's type word, inside `param_mid` (format.py `type_words`)
     VALUE = auto()
+    XML_VALUE = auto()  # a non-string value written as elements (xml_values.py)
     AFTER_PARAM = auto()  # another parameter, or the call's closer
     AFTER_CALL = auto()  # another call, or the section's end
     SLOT = auto()  # the call's id or index, inside the name's or the call's closer (format.py `slot`)
@@ -56,12 +59,12 @@ class DerivedParser(StreamParser):
         self._started = False  # the open call's ToolCallStart is out (held until its written id is read)
         # the literal that holds the slot: "name_close", "call_close" or ""
         self._slot_in = next((n for n in ("name_close", "call_close") if fmt.slot and fmt.slot in getattr(fmt, n)), "")
-        self._scanner = TagScanner(())
+        self._scanner = _PatientScanner(())
         self._start = ""
         self._state = _State.START
         if fmt.gen_in_think:
             self._go(_State.REASONING)
-        elif not (fmt.think_open and thinking):
+        elif not (fmt.think_open and thinking) and not fmt.empty_think:
             self._go(_State.TEXT)
         self._call_index = -1
         self._completed = 0
@@ -70,6 +73,8 @@ class DerivedParser(StreamParser):
         self._cursor: JsonCursor | None = None
         self._key = ""
         self._value = ""
+        self._type = ""  # the type word read for the open parameter
+        self._xml: XmlValueCursor | None = None
         # a bare JSON call may open the content (bare_json.py), where the format's own calls do not open with `{`
         self._bare_tools = frozenset(self._tools) if reads_bare(fmt.section_open + fmt.call_open) else frozenset()
         self._bare: BareCallReader | None = None
@@ -119,9 +124,14 @@ class DerivedParser(StreamParser):
         elif state is _State.SLOT:
             self._end_call(completed=False)
             self._text(self._slot + held)
-        elif state in (_State.KEY, _State.VALUE, _State.AFTER_PARAM, _State.CALL_CLOSE):
+        elif state in (_State.KEY, _State.TYPE, _State.VALUE, _State.XML_VALUE, _State.AFTER_PARAM,
+                       _State.CALL_CLOSE):
             if state is _State.VALUE:
                 self._value += held
+                self._end_param()
+            elif state is _State.XML_VALUE:
+                self._value = self._xml.raw
+                self._xml = None
                 self._end_param()
             self._end_call(completed=False)
         self._go(_State.TEXT)
@@ -149,6 +159,9 @@ class DerivedParser(StreamParser):
             if self._state is _State.NOTATION_ARGS:
                 pending = self._in_notation(pending)
                 continue
+            if self._state is _State.XML_VALUE:
+                pending = self._in_xml_value(pending)
+                continue
             pieces = self._scanner.feed(pending)
             if not pieces:
                 return
@@ -163,13 +176,15 @@ class DerivedParser(StreamParser):
         f = self.f
         self._scanner.tags = {
             _State.REASONING: (f.think_close,),
-            _State.TEXT: self._openers,
-            _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close) if f.tagged
+            _State.TEXT: (*self._openers, f.text_close),
+            _State.NAME: ((f.name_close + f.param_open, f.name_close + f.call_close)
+                          if f.tagged and self._slot_in != "name_close"
                           else (f.name_close + "{",) if f.notation else (split_slot(f.name_close)[0],)),
             _State.CALL_CLOSE: (split_slot(f.call_close)[0], f.bare_call_close),
             _State.SLOT: (split_slot(getattr(f, self._slot_in or "name_close"))[1],),
-            _State.KEY: (f.param_mid,),
-            _State.VALUE: (f.param_close,),
+            _State.KEY: (split_slot(f.param_mid)[0],),
+            _State.TYPE: (split_slot(f.param_mid)[1],),
+            _State.VALUE: (f.close_of(getattr(self, "_key", "")),),
             _State.AFTER_PARAM: (f.param_open, f.call_close),
             _State.AFTER_CALL: tuple(t for t in (f.call_sep + f.call_open, f.section_close) if t),
         }.get(state, ())
@@ -180,6 +195,14 @@ class DerivedParser(StreamParser):
         opener = self.f.think_open
         if opener.startswith(self._start) and self._start != opener:
             return ""
+        if self.f.empty_think:  # a turn without reasoning opens with the closer alone: framing, dropped
+            closer = self.f.think_close
+            if closer.startswith(self._start) and self._start != closer:
+                return ""
+            if self._start.startswith(closer):
+                start, self._start = self._start, ""
+                self._go(_State.TEXT)
+                return start[len(closer):]
         start, self._start = self._start, ""
         if start.startswith(opener):
             self._go(_State.REASONING)
@@ -196,11 +219,14 @@ class DerivedParser(StreamParser):
             return ""
         if state is _State.TEXT:
             self._text(text)
+            if tag is not None and tag == self.f.text_close and tag not in self._openers:
+                return ""  # the text's closing framing (Kimi K3): dropped
             if tag is not None:
                 self._name = ""
                 self._go(_State.NAME)
             return ""
         return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
+                _State.TYPE: self._in_type,
                 _State.VALUE: self._in_value, _State.AFTER_PARAM: self._in_after_param, _State.SLOT: self._in_slot,
                 _State.AFTER_CALL: self._in_after_call}[state](text, tag)
 
@@ -327,7 +353,9 @@ class DerivedParser(StreamParser):
             self._go(_State.TEXT)
             return tag or ""
         self._start_call(written if self.f.slot == ID_SLOT else "")
-        if self._slot_in == "name_close":
+        if self._slot_in == "name_close" and self.f.tagged:  # parameters, or the call's closer (Kimi K3)
+            self._go(_State.AFTER_PARAM)
+        elif self._slot_in == "name_close":
             self._cursor = JsonCursor()
             self._state = _State.JSON_ARGS
         else:
@@ -339,8 +367,37 @@ class DerivedParser(StreamParser):
         self._key += text
         if tag is None:
             return ""
+        if self.f.type_words:
+            self._type = ""
+            self._go(_State.TYPE)
+            return ""
+        self._open_value()
+        return ""
+
+    def _in_type(self, text: str, tag: str | None) -> str:
+        self._type += text
+        if tag is None:
+            return ""
+        self._open_value()
+        return ""
+
+    def _open_value(self) -> None:
         self._value = ""
-        self._go(_State.VALUE)
+        tool = self._tools.get(self._current_name())
+        if self.f.xml_item and not string_param(tool, param_schemas(tool), self._key):
+            self._xml = XmlValueCursor(self.f, self._key)  # nested values as elements: read to its own closer
+            self._state = _State.XML_VALUE
+        else:
+            self._go(_State.VALUE)
+
+    def _in_xml_value(self, text: str) -> str:
+        cursor = self._xml
+        for at, ch in enumerate(text):
+            if cursor.step(ch):
+                self._end_param()
+                self._xml = None
+                self._go(_State.AFTER_PARAM)
+                return text[at + 1:]
         return ""
 
     def _in_value(self, text: str, tag: str | None) -> str:
@@ -379,7 +436,11 @@ class DerivedParser(StreamParser):
         tool = self._tools.get(self._current_name())
         head = ("{" if not self._args else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
         raw = self._value
-        if string_param(tool, param_schemas(tool), self._key):
+        if self._xml is not None:
+            value = self._xml.to_json(param_schemas(tool).get(self._key))
+        elif self.f.type_words:  # the type word says how the value is written: strings raw, others JSON
+            value = json.dumps(raw, ensure_ascii=False) if self._type == self.f.string_word() else value_json(raw)
+        elif string_param(tool, param_schemas(tool), self._key):
             f = self.f
             if f.wrap_open and raw.startswith(f.wrap_open) and raw[len(f.wrap_open):].endswith(f.wrap_close):
                 raw = raw[len(f.wrap_open):len(raw) - len(f.wrap_close)]  # MiniCPM5's CDATA
@@ -432,6 +493,18 @@ class DerivedParser(StreamParser):
     def _take(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+
+class _PatientScanner(TagScanner):
+    """A complete tag that may still grow into a longer one is held until the text tells (MiniMax M3's parameter
+    opener `NS<` begins its call closer `NS</invoke>`): the pieces depend only on the whole text."""
+
+    def _first_tag(self, buffer: str) -> tuple[int, str | None]:
+        at, tag = super()._first_tag(buffer)
+        if tag is not None and any(len(other) > len(buffer) - at and other.startswith(buffer[at:])
+                                   for other in self.tags):
+            return len(buffer), None
+        return at, tag
 
 
 def _python_literal_json(raw: str) -> str:

@@ -16,8 +16,10 @@ import re
 from collections.abc import Iterable
 
 from zllm.dialects.derived import notation
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, STRICT_ID, CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat
 from zllm.dialects.derived.jinja import JinjaChatTemplate
+from zllm.dialects.derived.param_probes import json_kind as _json_kind
+from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
 
 USER = "zq-user"
 TEXT = "zq-text"
@@ -56,14 +58,23 @@ def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **va
     return probe.derive()
 
 
-def thinking_switch(template: JinjaChatTemplate) -> bool | None:
-    """Whether the template's generation prompt follows `enable_thinking`: None when it does not, else the
+# the variables a template's reasoning switch is read from, in the order looked for (Kimi K3 reads `thinking`)
+SWITCHES = ("enable_thinking", "thinking")
+
+
+def thinking_variable(template: JinjaChatTemplate) -> str:
+    """The variable the template's generation prompt follows for reasoning ("" where none is)."""
+    return next((name for name in SWITCHES if thinking_switch(template, name) is not None), "")
+
+
+def thinking_switch(template: JinjaChatTemplate, variable: str = "enable_thinking") -> bool | None:
+    """Whether the template's generation prompt follows `variable`: None when it does not, else the
     setting it uses when the variable is not given (Qwen3.5: True, DeepSeek V3.1: False)."""
-    if "enable_thinking" not in template.source:
+    if not re.search(rf"\b{variable}\b", template.source):
         return None
     try:
         prompts = [template([{"role": "user", "content": USER}], tools=PROBE_TOOLS, add_generation_prompt=True,
-                            **({} if setting is None else {"enable_thinking": setting}))
+                            **({} if setting is None else {variable: setting}))
                    for setting in (None, True, False)]
     except Exception:
         return None
@@ -163,10 +174,10 @@ class _Prober:
         if not slots:
             return fmt
         held = [name for name in ("name_close", "call_close") if any(s in getattr(fmt, name) for s in slots)]
-        if len(slots) > 1 or len(held) != 1 or fmt.tagged or any(
+        if len(slots) > 1 or len(held) != 1 or (fmt.tagged and held != ["name_close"]) or any(
                 getattr(fmt, name).count(next(iter(slots))) != 1 for name in held):
             raise NotDerivable("the call's id or index is written where zllm cannot read it back (only once, "
-                               "after the name or after the arguments of a JSON call)")
+                               "after the name, or after the arguments of a JSON call)")
         slot = next(iter(slots))
         pattern = ""
         if slot == ID_SLOT:
@@ -244,33 +255,73 @@ class _Prober:
         k2 = _find(two_params, K2, v1)
         v2 = _find(two_params, V2, k2)
         x = two_params[n + len(NAME_A):k1]  # name_close + param_open
-        y = two_params[v1 + len(V1):k2]  # param_close + param_open
+        # param_close + param_open, the key the closer names (MiniMax M3's `NS</KEY>`) as its slot
+        y = two_params[v1 + len(V1):k2].replace(K1, KEY_SLOT)
         param_open = self._common_suffix(x, y)
         if not param_open:
             raise NotDerivable("no common markup opens each parameter")
         name_close, param_close = x[:len(x) - len(param_open)], y[:len(y) - len(param_open)]
         param_mid = two_params[k1 + len(K1):v1]
+        close = lambda key: param_close.replace(KEY_SLOT, key)  # noqa: E731
         if two_params[k2 + len(K2):v2] != param_mid:
             raise NotDerivable("the parameters' keys and values are not joined alike")
-        if not two_params[v2 + len(V2):].startswith(param_close):
+        if not two_params[v2 + len(V2):].startswith(close(K2)):
             raise NotDerivable("the last parameter is not closed like the others")
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
-        after_one = one[_find(one, V1) + len(V1) + len(param_close):]
+        after_one = one[_find(one, V1) + len(V1) + len(close(K1)):]
         none = self._body(self.turn(tool_calls=[call(NAME_A, {})]), lead)
         after_none = none[_find(none, NAME_A) + len(NAME_A):]
         if after_none != name_close + after_one:
             raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
-        wrap = self._wrapping(param_mid, param_close)
+        parts = {"param_open": param_open, "param_mid": param_mid, "param_close": param_close}
+        if KEY_SLOT in param_close:
+            parts, name_close, after_one = keyed_closer(parts, name_close, after_one)
+        wrap = self._wrapping(parts["param_mid"], close(K1))
+        draft = CallFormat("", "", name_close, "", "", "", "tagged", **parts)
+        typed = typed_values(lambda value: self._written(lead, draft, value), draft)
+        draft = _replace(draft, **typed)
         two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
-        first_end = _find(two, V1) + len(V1) + len(param_close)
+        first_end = _find(two, V1) + len(V1) + len(draft.close_of(K1))
         n2 = _find(two, NAME_B, first_end)
-        number = f"{name_close}{param_open}{KN}{param_mid}{VN}{param_close}"
+        second_close = two[n2 + len(NAME_B):].partition(draft.param_open + KN)[0]
+        if second_close != name_close:
+            name_close = _indexed(name_close, second_close)  # Kimi K3's `index="1"` / `index="2"`
+        number = f"{second_close}{draft.param_open}{KN}{draft.mid_of('integer')}{VN}{draft.close_of(KN)}"
         if not two[n2 + len(NAME_B):].startswith(number):
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
-        return self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
-                           two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
-                           param_open=param_open, param_mid=param_mid, param_close=param_close,
-                           constants=self._constants(lead, param_mid, param_close), **wrap)
+        fmt = self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
+                          two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
+                          **{**parts, **typed}, **self._constants(lead, draft), **wrap)
+        return self._marker_ends_literals(fmt)
+
+    def _marker_ends_literals(self, fmt: CallFormat) -> CallFormat:
+        """A marker every literal after the name, a parameter or a call starts with (Kimi K3's `<|sep|>`) ends
+        the literal before it instead: `<|open|>call tool="NAME" index="1"<|sep|>`, not `<|sep|><|open|>...`
+        (the same text in the same order; the literals read as the template's tags)."""
+        followers = (fmt.call_open, fmt.param_open, fmt.call_close, fmt.section_close)
+        spans = self._marker_spans(fmt.call_open)
+        if fmt.call_sep or not spans or spans[0][0] != 0:
+            return fmt
+        marker = fmt.call_open[:spans[0][1]]
+        if not all(f.startswith(marker) and f != marker for f in followers):
+            return fmt
+        return _replace(fmt, section_open=fmt.section_open + marker, name_close=fmt.name_close + marker,
+                        param_close=fmt.param_close + marker, call_close=fmt.call_close[len(marker):] + marker,
+                        call_open=fmt.call_open[len(marker):], param_open=fmt.param_open[len(marker):],
+                        section_close=fmt.section_close[len(marker):])
+
+    def _written(self, lead: str, draft: CallFormat, value) -> str | None:
+        """How a tagged call writes `value` for parameter KN: from after the key to the parameter's closer
+        (the type word's joiner included); None where the template leaves the parameter out (null)."""
+        turn = self._body(self.turn(tool_calls=[call(NAME_B, {KN: value})]), lead)
+        start = turn.find(draft.param_open + KN, _find(turn, NAME_B))
+        if start == -1:
+            return None
+        start += len(draft.param_open + KN)
+        end = turn.rfind(draft.close_of(KN))
+        if end < start:
+            raise NotDerivable(f"a parameter holding {value!r} is not closed like the others")
+        return turn[start:end]
 
     def _wrapping(self, param_mid: str, param_close: str) -> dict:
         """How a string value with markup characters is written: raw ({}), or wrapped when it holds one of
@@ -292,22 +343,34 @@ class _Prober:
             raise NotDerivable(f"string values are wrapped in {head!r} ... {tail!r} by a rule zllm cannot tell")
         return {"wrap_open": head, "wrap_close": tail, "wrap_chars": chars}
 
-    def _constants(self, lead: str, param_mid: str, param_close: str) -> str:
+    def _constants(self, lead: str, draft: CallFormat) -> dict:
         """How a tagged value spells true / false / null: Qwen3-Coder's template writes a non-string value with
-        `| string` (Python's `True`, `None`), an object or array with `tojson` (JSON's `true` inside)."""
-        def written(value) -> str:
-            turn = self._body(self.turn(tool_calls=[call(NAME_B, {KN: value})]), lead)
-            start = _find(turn, KN + param_mid) + len(KN + param_mid)
-            return turn[start:_find(turn, param_close, start)]
+        `| string` (Python's `True`, `None`), an object or array with `tojson` (JSON's `true` inside); MiniMax M3
+        leaves a null out and writes objects and arrays as elements (xml_values.py)."""
+        def written(value) -> str | None:
+            text = self._written(lead, draft, value)
+            if text is None:
+                return None
+            mid = draft.mid_of(_json_kind(value))
+            if not text.startswith(mid):
+                raise NotDerivable(f"a parameter holding {value!r} is not joined to its key like the others")
+            return text[len(mid):]
 
         spelled = (written(True), written(False), written(None))
+        omitted = spelled[2] is None
+        if omitted:
+            spelled = (*spelled[:2], "null")
         if spelled not in (("true", "false", "null"), ("True", "False", "None")):
             raise NotDerivable(f"true / false / null values are written {spelled}, neither as JSON nor as Python")
+        out = {"null_omitted": True} if omitted else {}
         nested = {"a": [True, None, 1]}
         if written(nested) == json.dumps(nested, ensure_ascii=False):
-            return "python" if spelled[0] == "True" else ""
+            return {**out, "constants": "python" if spelled[0] == "True" else ""}
         if spelled[0] == "True" and written(nested) == str(nested):
-            return "python-objects"  # Seed-OSS: `| string` on everything, objects as Python literals too
+            return {**out, "constants": "python-objects"}  # Seed-OSS: `| string` on everything, Python literals
+        item = xml_item(written, draft)
+        if item and spelled[0] == "true":
+            return {**out, "xml_item": item}
         raise NotDerivable("an object value is written neither as JSON nor as a Python literal")
 
     def _frame(self, before: str, mid: str, after: str, after_two: str, tail: str, **parts) -> CallFormat:
@@ -326,9 +389,10 @@ class _Prober:
             if not spans or rest[spans[-1][1]:].strip():
                 raise NotDerivable(f"a turn with calls does not end like a turn with text ({tail!r})")
             call_turn_end, tail = rest[spans[-1][0]:], rest[spans[-1][0]:]
+        text_close, turn_end = self._text_close(self._tail, before + mid)
         return CallFormat(section_open=before[:len(before) - len(call_open)], call_open=call_open,
                           call_close=call_close, call_sep=close_and_sep[len(call_close):],
-                          section_close=rest[:len(rest) - len(tail)], turn_end=self._turn_end(self._tail),
+                          section_close=rest[:len(rest) - len(tail)], turn_end=turn_end, text_close=text_close,
                           call_turn_end=self._turn_end(call_turn_end) if call_turn_end else "", **parts)
 
     def _single_call(self, before: str, after: str, tail: str, **parts) -> CallFormat:
@@ -337,6 +401,19 @@ class _Prober:
         return CallFormat(section_open="", call_open=before, call_close=after[:len(after) - len(tail)], call_sep="",
                           section_close="", arguments="json", turn_end=self._turn_end(tail), single_call=True,
                           **parts)
+
+    def _text_close(self, tail: str, calls: str) -> tuple[str, str]:
+        """(text_close, turn_end) of a turn with text: where the tail's first marker is one the calls' markup
+        uses too (Kimi K3's `<|close|>`), it frames the text and cannot end the turn: the turn ends at the first
+        marker that is not, the markup before it closes the text (format.py `text_close`)."""
+        structural = {calls[a:b] for a, b in self._marker_spans(calls)}
+        spans = self._marker_spans(tail)
+        if not spans or tail[spans[0][0]:spans[0][1]] not in structural:
+            return "", self._turn_end(tail)
+        end = next(((a, b) for a, b in spans if tail[a:b] not in structural), None)
+        if end is None:
+            return "", self._turn_end(tail)
+        return tail[:end[0]], tail[end[0]:end[1]]
 
     def _turn_end(self, tail: str) -> str:
         """What ends a turn as the model writes it: the tail after the text up to and including its first marker
@@ -383,6 +460,9 @@ class _Prober:
         opener = fmt.section_open + fmt.call_open
         # reasoning ends where the text or the calls begin (Gemma 4 writes its calls before the text)
         think_close = rest[:min(rest.index(TEXT), rest.index(opener) if opener and opener in rest else len(rest))]
+        if lead and lead == think_close and think_open:
+            # a turn without reasoning opens with the closer alone (MiniMax M3's `</mm:think>`)
+            return _replace(fmt, think_open=think_open, think_close=think_close, empty_think=True)
         if lead and lead not in (think_open + think_close, THINK + think_close):
             raise NotDerivable(f"a turn without reasoning starts with {lead!r}, not an empty reasoning block")
         return _replace(fmt, think_open=think_open, think_close=think_close, gen_in_think=not think_open)
@@ -430,7 +510,8 @@ def _indexed(first: str, second: str) -> str:
     """The first call's name closer with the call's index as a slot (Kimi K2's `:0<|...|>` / `:1<|...|>`)."""
     if len(first) == len(second):
         differ = [i for i, (a, b) in enumerate(zip(first, second)) if a != b]
-        if len(differ) == 1 and (first[differ[0]], second[differ[0]]) == ("0", "1"):
+        # counted from 0 (Kimi K2) or from 1 (Kimi K3's `index="1"`)
+        if len(differ) == 1 and (first[differ[0]], second[differ[0]]) in (("0", "1"), ("1", "2")):
             return first[:differ[0]] + INDEX_SLOT + first[differ[0] + 1:]
     raise NotDerivable("the second call's name and arguments are not joined like the first's")
 
