@@ -364,6 +364,24 @@ def test_a_side_request_between_turns_leaves_the_next_turn_exact(backend, cache)
         assert (cache.kv.unparks, cache.kv.parks) == (1, 2)
 
 
+def test_a_short_shared_prefix_parks_the_long_sequence_it_came_from(backend, cache) -> None:
+    # llama.cpp attends every pool cell up to the highest used one: a prompt that shares only its opening tokens
+    # with a long kept conversation parks it (engine/llamacpp/kv.py, LlamaKV.share) instead of prefilling beside
+    # it; both the request and the conversation's next turn still equal a full prefill
+    if backend.name != "llamacpp":
+        pytest.skip("parking is llama.cpp's (its pool attends over every kept cell)")
+    main = tokens(600, seed=21)
+    backend.run(cache, main, "main")
+    lease, logits = backend.ask(cache, main[:20] + tokens(100, seed=22))
+    assert (lease.tier, lease.cached_tokens) == ("device", 20)
+    assert (cache.kv.parks, cache.kv.parked_bytes > 0) == (1, True), "the 580 cells past the prefix left the pool"
+    backend.assert_restored_exactly(lease, logits)
+    cache.check_integrity()
+    lease, logits = backend.ask(cache, main + tokens(10, seed=23))
+    assert (lease.tier, lease.cached_tokens, cache.kv.unparks) == ("device", len(main), 1)
+    backend.assert_restored_exactly(lease, logits)
+
+
 def test_nothing_is_parked_beyond_its_ram_budget(backend) -> None:
     if backend.name != "llamacpp":
         pytest.skip("parking is llama.cpp's (its pool attends over every kept cell)")
