@@ -282,7 +282,7 @@ def main() -> None:
     renderer = PromptRenderer(probe.tokenizer)
     import llama_cpp
 
-    facts = {"model": model_dir.name, "quantization": probe.dtype, "llama_cpp_python": llama_cpp.__version__,
+    facts = {"model": model_dir.name, "quantization": probe.quantization, "llama_cpp_python": llama_cpp.__version__,
              "repeats": args.repeats}
     probe.engine.close()
     figures = set(args.figures.split(","))
