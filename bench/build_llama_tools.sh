@@ -22,6 +22,12 @@
 # ggml are not compiled again: minutes instead of hours on a 2-core machine, and the server runs the very
 # kernels zllm runs. bench/llama_server_prebuilt.patch teaches llama.cpp's CMake that option (the libraries as
 # imported targets, no src/ or other tools). Result: OUT_DIR/bin/llama-server (no llama-bench).
+#
+# PREBUILT=1 TARGETS="llama-bench llama-server" bench/build_llama_tools.sh [OUT_DIR]: the same prebuilt-library
+# build for any of those tools (SERVER_ONLY=1 is PREBUILT=1 TARGETS=llama-server). llama-bench links llama,
+# ggml and llama-common; LLAMA_PREBUILT_COMMON_LIB=/path/libllama-common.so (e.g. the one an earlier
+# SERVER_ONLY build left in OUT_DIR/build-server/bin, copied elsewhere) links that one too, so llama-bench
+# compiles one source file; without it llama-common (common/, ~50 files) is compiled first.
 set -euo pipefail
 
 OUT=${1:-/tmp/llama-tools}
@@ -40,17 +46,35 @@ SRC="$OUT/src/llama_cpp_python-$VERSION"
 LLAMA="$SRC/vendor/llama.cpp"
 
 if [ "${SERVER_ONLY:-0}" = 1 ]; then
-  LIBS=${LLAMA_PREBUILT_LIB_DIR:-$("$HERE/.venv/bin/python" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')}
-  if ! grep -q LLAMA_PREBUILT_LIB_DIR "$LLAMA/CMakeLists.txt"; then
+  PREBUILT=1
+  TARGETS=llama-server
+fi
+if [ "${PREBUILT:-0}" = 1 ]; then
+  TARGETS=${TARGETS:-llama-server}
+  PY=${PYTHON:-$(dirname "$PIP")/python}
+  LIBS=${LLAMA_PREBUILT_LIB_DIR:-$("$PY" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')}
+  if ! grep -q LLAMA_PREBUILT_COMMON_LIB "$LLAMA/CMakeLists.txt"; then
+    if grep -q LLAMA_PREBUILT_LIB_DIR "$LLAMA/CMakeLists.txt"; then
+      echo "$SRC carries an older llama_server_prebuilt.patch: delete it and rerun" >&2
+      exit 1
+    fi
     patch -d "$LLAMA" -p1 < "$HERE/bench/llama_server_prebuilt.patch"
   fi
-  cmake -S "$LLAMA" -B "$OUT/build-server" -DLLAMA_PREBUILT_LIB_DIR="$LIBS" \
+  COMMON_ARG=()
+  if [ -n "${LLAMA_PREBUILT_COMMON_LIB:-}" ]; then
+    COMMON_ARG=(-DLLAMA_PREBUILT_COMMON_LIB="$LLAMA_PREBUILT_COMMON_LIB")
+  fi
+  cmake -S "$LLAMA" -B "$OUT/build-server" -DLLAMA_PREBUILT_LIB_DIR="$LIBS" "${COMMON_ARG[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
-  cmake --build "$OUT/build-server" --target llama-server -j"$JOBS"
+  # shellcheck disable=SC2086  # TARGETS is a space-separated list
+  cmake --build "$OUT/build-server" --target $TARGETS -j"$JOBS"
   mkdir -p "$OUT/bin"
-  ln -sf "$OUT/build-server/bin/llama-server" "$OUT/bin/llama-server"
-  "$OUT/bin/llama-server" --version
-  echo "built: $OUT/bin/llama-server (linked against $LIBS)"
+  for target in $TARGETS; do
+    ln -sf "$OUT/build-server/bin/$target" "$OUT/bin/$target"
+  done
+  case " $TARGETS " in *" llama-server "*) "$OUT/bin/llama-server" --version ;; esac
+  case " $TARGETS " in *" llama-bench "*) "$OUT/bin/llama-bench" --help >/dev/null ;; esac
+  echo "built: $TARGETS in $OUT/bin (linked against $LIBS ${LLAMA_PREBUILT_COMMON_LIB:-})"
   exit 0
 fi
 

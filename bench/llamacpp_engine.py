@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/llamacpp_engine.py [MODEL_DIR] [--llama-bench PATH] [--thread-counts 1,2]
         [--prompt-tokens 512] [--new-tokens 128] [--repeats 3] [--ubatches 128,256,512] [--streams 1,4,8]
-        [--figures decode,prefill,ubatch,streams] [--no-torch]
+        [--figures decode,prefill,ubatch,streams] [--no-torch] [--exact-cache | --no-exact-cache]
 
 MODEL_DIR: a zllm model directory holding model.gguf (default: the store's default model, else the e2e
 tests' copy; it must be a GGUF pull). llama-bench: bench/build_llama_tools.sh builds it from the llama.cpp
@@ -12,7 +12,9 @@ run the same kernels on the same GGUF with the same threads.
 Sides, interleaved per round (machine noise hits them alike), best of --repeats rounds:
 
 - zllm_llamacpp: the real engine loop (EngineLoop + EngineRequest, greedy, model EOS off so a request makes
-  exactly the tokens asked for) over `load_gguf_model(dir, threads=T).engine`, the daemon's loader.
+  exactly the tokens asked for) over `load_gguf_model(dir, threads=T, exact_cache=...).engine`, the daemon's
+  loader, with the daemon's exact_cache setting (off by default; --exact-cache: Q8_0 cells, per-cell kernel,
+  padded 1-token decodes — the loader's own default is on, which is not what `zllm serve` runs).
   decode tok/s = (new_tokens - 1) / (last token's event - first token's event), a short chat prompt
   (llama-bench's tg starts from an empty context; ~30 positions more changes nothing measurable);
   prefill tok/s = prompt_tokens / TTFT (submit -> first token event, max_tokens=1), one step (the scheduler's
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batching import Stream, chat_ids, decode_window, long_prompt, story_prompts  # noqa: E402  (bench/batching.py)
 from bench_args import model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
+from zllm.config import load_settings  # noqa: E402
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
 from zllm.model_files import GGUF_FILE  # noqa: E402
@@ -74,6 +77,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stream-threads", type=int, default=0, help="threads of the streams figure (0: max)")
     parser.add_argument("--figures", default=",".join(FIGURES), help=f"any of {','.join(FIGURES)}")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch backend side")
+    parser.add_argument("--exact-cache", action=argparse.BooleanOptionalAction, default=load_settings().exact_cache,
+                        help="llama.cpp's exact cache mode (default: the daemon's setting)")
     args = parser.parse_args()
     unknown = set(args.figures.split(",")) - set(FIGURES)
     if unknown:
@@ -158,7 +163,7 @@ def keep_best(best: dict, key, value: float) -> None:
 
 def p0_figures(args, model_dir: Path, gguf: Path, renderer, facts: dict, figures: set[str]) -> None:
     thread_counts = [int(t) for t in args.thread_counts.split(",")]
-    engines = {t: load_gguf_model(model_dir, threads=t) for t in thread_counts}
+    engines = {t: load_gguf_model(model_dir, threads=t, exact_cache=args.exact_cache) for t in thread_counts}
     some = next(iter(engines.values()))
     torch_loaded = None if args.no_torch else load_for_backend(model_dir, backend="torch", threads=thread_counts[0])
     torch_runner = None if torch_loaded is None else ModelRunner(torch_loaded.model)
@@ -224,7 +229,7 @@ def ubatch_figure(args, model_dir: Path, gguf: Path, renderer, facts: dict) -> N
     prefill_ids = long_prompt(renderer, args.prompt_tokens)
     best: dict = {}
     for t in thread_counts:
-        engines = {u: load_gguf_model(model_dir, threads=t, ubatch=u) for u in ubatches}
+        engines = {u: load_gguf_model(model_dir, threads=t, ubatch=u, exact_cache=args.exact_cache) for u in ubatches}
         for u, loaded in engines.items():  # warm-up
             loop_prefill(loaded.engine, loaded, t, prefill_ids)
         for _ in range(args.repeats):
@@ -248,7 +253,8 @@ def ubatch_figure(args, model_dir: Path, gguf: Path, renderer, facts: dict) -> N
 def streams_figure(args, model_dir: Path, renderer, facts: dict) -> None:
     threads = args.stream_threads or max(int(t) for t in args.thread_counts.split(","))
     counts = sorted({int(k) for k in args.streams.split(",")} | {1})
-    loaded = load_gguf_model(model_dir, threads=threads, max_batch=max(counts))
+    loaded = load_gguf_model(model_dir, threads=threads, max_batch=max(counts),
+                             exact_cache=args.exact_cache)
     prompts = story_prompts(renderer, max(counts))
     decode_window(loaded, loaded.engine, prompts, 4)  # warm-up, the widest batch
     best: dict[int, tuple[float, int]] = {}
@@ -278,12 +284,12 @@ def main() -> None:
     gguf = (model_dir / GGUF_FILE).resolve()
     if not gguf.is_file():
         sys.exit(f"error: {model_dir} holds no {GGUF_FILE} (pull the model's GGUF)")
-    probe = load_gguf_model(model_dir, threads=1)
+    probe = load_gguf_model(model_dir, threads=1, exact_cache=args.exact_cache)
     renderer = PromptRenderer(probe.tokenizer)
     import llama_cpp
 
-    facts = {"model": model_dir.name, "quantization": probe.dtype, "llama_cpp_python": llama_cpp.__version__,
-             "repeats": args.repeats}
+    facts = {"model": model_dir.name, "quantization": probe.quantization, "llama_cpp_python": llama_cpp.__version__,
+             "repeats": args.repeats, "exact_cache": args.exact_cache}
     probe.engine.close()
     figures = set(args.figures.split(","))
     if figures & {"decode", "prefill"}:
