@@ -32,6 +32,7 @@ from zllm.errors import ConfigError
 APP = "zllm"
 DEFAULT_MODEL = "smollm2"
 CONFIG_ENV = "ZLLM_CONFIG"
+CACHE_TYPES = ("auto", "f16", "q8_0")  # llama.cpp's KV cell types zllm serves (Settings.cache_type)
 
 
 def _default_data_dir() -> Path:
@@ -143,6 +144,10 @@ class Settings:
     # but logits then depend on where a sequence's cells sit in the pool (README). Off by default: it halves
     # long prefill, and on the F16 default model a hit still differs from cold (1-row vs sgemm kernels)
     exact_cache: bool = False
+    # llama.cpp: the KV cells' type, for K and V alike (llama.cpp's --cache-type-k/-v): f16, or q8_0 (34 bytes per
+    # 32 elements: 1.88x the tokens in the same --cache-budget-mb, read by flash attention's per-cell kernel);
+    # "auto" = f16, or q8_0 under exact_cache (which needs Q8_0 cells: f16 with it is refused)
+    cache_type: str = "auto"
 
     @property
     def models_dir(self) -> Path:
@@ -187,10 +192,20 @@ class Settings:
         if self.responses_max_stored < 0 or self.responses_max_age_days < 0 or self.responses_max_mb < 0:
             raise ConfigError("responses_max_stored, responses_max_age_days and responses_max_mb must be >= 0 "
                               "(0 = no bound)")
+        if self.cache_type not in CACHE_TYPES:
+            raise ConfigError(f"cache_type must be auto, f16 or q8_0, not {self.cache_type!r}")
+        if self.cache_type == "f16" and self.exact_cache:
+            raise f16_cannot_be_exact()
         if self.cache_budget_mb < 0 or self.cache_rounds < 0 or self.ssd_cache_mb < 0 or self.ssd_min_tokens < 1 \
                 or self.cache_ram_mb < 0:
             raise ConfigError("cache_budget_mb, cache_rounds, ssd_cache_mb and cache_ram_mb must be >= 0, "
                               "ssd_min_tokens >= 1")
+
+
+def f16_cannot_be_exact() -> ConfigError:
+    """--cache-type f16 with --exact-cache: refused rather than either one silently ignored."""
+    return ConfigError("--cache-type f16 cannot serve --exact-cache: exact answers need Q8_0 KV cells",
+                       hint="drop --cache-type (--exact-cache implies q8_0), or drop --exact-cache")
 
 
 def split_list(raw: str) -> tuple[str, ...]:

@@ -49,8 +49,9 @@ async def open_engine(settings: Settings, served, *, observer=None, fingerprints
     async def close() -> None:
         client.close()
 
-    return OpenedEngine(client, _local_info(client, served), f"backend {loaded.backend}: {loaded.backend_reason}",
-                        close)
+    kv = f"; {loaded.kv_cache_type} KV cells" if loaded.kv_cache_type else ""
+    return OpenedEngine(client, _local_info(client, served),
+                        f"backend {loaded.backend}: {loaded.backend_reason}{kv}", close)
 
 
 def local_client(model_dir: str | Path, settings: Settings, *, name: str | None = None, created: int | None = None,
@@ -68,7 +69,7 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
     loaded = load_for_backend(model_dir, backend=settings.backend, device=settings.device, dtype=settings.dtype,
                               threads=settings.threads, context_length=settings.context_length,
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
-                              exact_cache=settings.exact_cache,
+                              exact_cache=settings.exact_cache, cache_type=settings.cache_type,
                               # a speculating server decodes every token with the kernels that verify drafts
                               uniform_rows=settings.speculative,
                               rpc_servers=split_list(settings.rpc), rpc_backend=settings.rpc_backend)
@@ -104,7 +105,8 @@ def _local_info(client, served):
                            backend=loaded.backend, backend_reason=loaded.backend_reason,
                            quantization=loaded.quantization, dialect_round_trip=client.dialect_check.held,
                            dialect_problem=client.dialect_check.problem, architecture=weights.architecture,
-                           parameters=weights.parameters, model_bytes=weights.model_bytes)
+                           parameters=weights.parameters, model_bytes=weights.model_bytes,
+                           kv_cache_type=loaded.kv_cache_type)
 
 
 async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_exit,
@@ -119,6 +121,9 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
         raise ConfigError("--speculative and --draft-model drive zllm's own engines, not vLLM",
                           hint='pass vLLM\'s own, e.g. --vllm-args \'--speculative-config {"method": "ngram", '
                                '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
+    if settings.cache_type != "auto":
+        raise ConfigError(f"--cache-type {settings.cache_type} sets llama.cpp's KV cells, not vLLM's",
+                          hint="pass vLLM's own, e.g. --vllm-args '--kv-cache-dtype fp8'")
     if settings.rpc:
         raise ConfigError("--rpc puts a GGUF's layers on llama.cpp rpc-servers, not vLLM's",
                           hint="vLLM spreads a model with its own --tensor-parallel-size / --pipeline-parallel-size "

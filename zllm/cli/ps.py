@@ -1,8 +1,8 @@
 """`zllm ps`: what the daemon has loaded, its memory, and the tool-call dialect with how it was chosen.
 
     $ zllm ps
-    NAME     ARCHITECTURE      PARAMS  BACKEND   DEVICE  DTYPE  CONTEXT  WEIGHTS  KV CACHE           RESIDENT  DIALECT
-    smollm2  LlamaForCausalLM  135M    llamacpp  cpu     Q4_1   8192     96.6 MB  377.7 MB / 377.7 MB 995.2 MB  hermes
+    NAME     ARCHITECTURE      PARAMS  BACKEND   DEVICE  DTYPE  CONTEXT  WEIGHTS  KV CACHE                RESIDENT  DIALECT
+    smollm2  LlamaForCausalLM  135M    llamacpp  cpu     Q4_1   8192     96.6 MB  377.7 MB / 377.7 MB f16 995.2 MB  hermes
     backend llamacpp: GGUF weights run on llama.cpp as they are             (stderr: how each was chosen)
     dialect hermes: the chat template mentions <tool_call>
     dialect hermes: round trip holds (render → parse → render gives the same tokens)
@@ -54,6 +54,8 @@ def _row(m: LoadedModelInfo) -> tuple[str, ...]:
     kv = human_size(m.kv_cache_bytes)
     if m.kv_cache_budget_bytes:
         kv += f" / {human_size(m.kv_cache_budget_bytes)}"
+    if m.kv_cache_type:
+        kv += f" {m.kv_cache_type}"
     return (m.name, m.architecture or "-", human_count(m.parameters), m.backend or "-", m.device or "-",
             m.quantization or m.dtype or "-", str(m.context_length), human_size(m.model_bytes), kv,
             human_size(m.resident_bytes) if m.resident_bytes else "-", m.dialect or "-")

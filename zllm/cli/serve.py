@@ -43,6 +43,7 @@ def serve(
     ssd_cache_mb: int = typer.Option(None, "--ssd-cache-mb", help="Disk for prefix cache snapshots, 0 = min(10 GiB, half the free disk). [env: ZLLM_SSD_CACHE_MB]"),
     cache_ram_mb: int = typer.Option(None, "--cache-ram-mb", help="llama.cpp: host RAM for cached conversations parked out of the KV pool while other requests run (like llama-server's --cache-ram), at most a quarter of RAM, 0 = off. [env: ZLLM_CACHE_RAM_MB; default: 8192]"),
     exact_cache: bool = typer.Option(None, "--exact-cache/--no-exact-cache", help="llama.cpp: a cached prefix answers bit for bit like a cold prefill (Q8_0 KV cells, per-cell flash attention); off = F16 cells, faster long prefill, answers may depend on what else is cached. [env: ZLLM_EXACT_CACHE; default: off]"),
+    cache_type: str = typer.Option(None, "--cache-type", help="llama.cpp: KV cells' type, K and V alike (llama.cpp's --cache-type-k/-v): f16, or q8_0 (1.88x the tokens in the same --cache-budget-mb, flash attention on); auto = f16, q8_0 under --exact-cache. [env: ZLLM_CACHE_TYPE; default: auto]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
     speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
     draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
@@ -64,7 +65,7 @@ def serve(
             responses_websocket=responses_websocket, responses_max_stored=responses_max_stored,
             responses_max_age_days=responses_max_age_days, responses_max_mb=responses_max_mb,
             cache_budget_mb=cache_budget_mb, cache_rounds=cache_rounds, ssd_cache=ssd_cache, ssd_cache_mb=ssd_cache_mb,
-            cache_ram_mb=cache_ram_mb, cache_dir=cache_dir, exact_cache=exact_cache, dialect=dialect, speculative=speculative,
+            cache_ram_mb=cache_ram_mb, cache_dir=cache_dir, exact_cache=exact_cache, cache_type=cache_type, dialect=dialect, speculative=speculative,
             draft_model=draft_model, max_batch=max_batch, prefill_chunk=prefill_chunk, backend=backend,
             vllm_python=str(Path(vllm_python).expanduser().absolute()) if vllm_python else None,  # a venv's python: no resolve()
             vllm_url=vllm_url, vllm_args=vllm_args, rpc=rpc, rpc_backend=absolute_path(rpc_backend),

@@ -93,6 +93,12 @@ class LoadedModel(ABC):
         compute the same model's KV differently, so the backend's name is part of it."""
         return f"{self.backend}:{self.quantization}"
 
+    @property
+    def kv_cache_type(self) -> str:
+        """The KV cells' number format when the backend chooses it apart from the weights' (llama.cpp's
+        --cache-type: `zllm ps`, the startup log); "" when the KV cache keeps the model's dtype."""
+        return ""
+
     @abstractmethod
     def device_cache_budget(self, budget_mb: int) -> int:
         """Bytes of KV the prefix cache's device tier may hold; `budget_mb` 0: the backend's default."""

@@ -43,9 +43,15 @@ def choose_backend(requested: str, model_dir: Path) -> tuple[str, str]:
 def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "auto", dtype: str = "auto",
                      threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                      max_batch: int = 8, exact_cache: bool = True, uniform_rows: bool = False,
-                     rpc_servers: tuple[str, ...] = (), rpc_backend: str = "") -> LoadedModel:
-    """`rpc_servers`: llama.cpp rpc-servers to put a GGUF's layers on (the llamacpp backend only)."""
+                     cache_type: str = "auto", rpc_servers: tuple[str, ...] = (),
+                     rpc_backend: str = "") -> LoadedModel:
+    """`rpc_servers`: llama.cpp rpc-servers to put a GGUF's layers on; `cache_type`: its KV cells' type (the
+    llamacpp backend only)."""
     chosen, reason = choose_backend(backend, model_dir)
+    if cache_type != "auto" and chosen != "llamacpp":
+        raise ConfigError(f"--cache-type {cache_type} sets llama.cpp's KV cells; this model runs on {chosen} "
+                          f"({reason}), whose KV cache keeps the model's dtype",
+                          hint="serve a GGUF model on llama.cpp, or drop --cache-type (torch: --dtype)")
     if rpc_servers and chosen != "llamacpp":
         raise ConfigError(f"--rpc puts a GGUF's layers on llama.cpp rpc-servers; this model runs on {chosen} "
                           f"({reason})", hint="serve a GGUF model with --backend llamacpp, or drop --rpc")
@@ -54,7 +60,8 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
 
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason,
-                               exact_cache=exact_cache, uniform_rows=uniform_rows, rpc_servers=rpc_servers,
+                               exact_cache=exact_cache, cache_type=cache_type, uniform_rows=uniform_rows,
+                               rpc_servers=rpc_servers,
                                rpc_backend=rpc_backend)
     from zllm.engine.torch.loader import load_model
 

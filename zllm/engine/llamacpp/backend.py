@@ -79,9 +79,13 @@ class Attention:
 #   0 in their order, sharing kept).
 EXACT_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0, exact=True)
 FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
+# `--cache-type q8_0` (llama.cpp's -ctk/-ctv q8_0 -fa on): Q8_0 cells, which need flash attention for V, and
+# llama.cpp's own choice of kernel (on CPU the per-cell one for every shape: its tiled one reads F16 cells only)
+Q8_0_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
 # query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
 TILED_ATTENTION_ROWS = 64
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
+KV_TYPE_NAMES = {lc.GGML_TYPE_F16: "f16", lc.GGML_TYPE_Q8_0: "q8_0"}  # as --cache-type (and llama.cpp's -ctk) name them
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,12 @@
 
 Nothing here imports torch or transformers (a test loads a model in a fresh process and checks sys.modules).
 
-`exact_cache` (the setting) picks the pool's cell type, attention kernel and the engine's exact mode:
-backend.EXACT_ATTENTION, where a cached prefix answers bit for bit like a cold prefill (no 1-row matmul, cells
-kept in position order), or backend.FAST_ATTENTION (F16 cells, llama.cpp's own choice of kernel).
+`exact_cache` and `cache_type` (the settings) pick the pool's cell type, attention kernel and the engine's exact
+mode: backend.EXACT_ATTENTION, where a cached prefix answers bit for bit like a cold prefill (Q8_0 cells, no
+1-row matmul, cells kept in position order), backend.Q8_0_ATTENTION (`--cache-type q8_0`: Q8_0 cells, 1.88x the
+tokens per MB, flash attention on) or backend.FAST_ATTENTION (F16 cells, llama.cpp's own choice of kernel).
+Q8_0 cells hold 32-element blocks: on a model whose heads are not a multiple of 32 wide exact mode keeps F16
+cells (tiny test models), and an explicit q8_0 is refused.
 `uniform_rows` (a speculating server) pads 1-token decodes so that verifying a draft gives the bits decoding it
 token by token gives (ContextSettings.uniform_rows).
 
@@ -26,9 +29,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
+from zllm.config import f16_cannot_be_exact
 from zllm.engine.llamacpp.backend import (
     EXACT_ATTENTION,
     FAST_ATTENTION,
+    Q8_0_ATTENTION,
+    Attention,
     ContextSettings,
     LlamaCppEngine,
     read_quantization,
@@ -46,8 +52,9 @@ MIN_CELLS, MAX_CELLS = 8192, 65536
 
 def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
-                    gpu_layers: int = -1, exact_cache: bool = True, uniform_rows: bool = False,
-                    rpc_servers: tuple[str, ...] = (), rpc_backend: str = "") -> LlamaCppModel:
+                    gpu_layers: int = -1, exact_cache: bool = True, cache_type: str = "auto",
+                    uniform_rows: bool = False, rpc_servers: tuple[str, ...] = (),
+                    rpc_backend: str = "") -> LlamaCppModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
@@ -57,8 +64,7 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
     window = window_length(config, context_length)
-    exact = exact_cache and LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
-    attention = EXACT_ATTENTION if exact else FAST_ATTENTION
+    attention = pool_attention(gguf, exact_cache=exact_cache, cache_type=cache_type)
     with load_log() if rpc_servers else nullcontext([]) as log_lines:
         engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
             cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
@@ -70,6 +76,19 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
                          quantization=read_quantization(engine), context_length=window, threads=threads,
                          backend_reason=reason, generation_eos=_generation_eos(path))
+
+
+def pool_attention(gguf: Path, *, exact_cache: bool, cache_type: str) -> Attention:
+    """The KV pool's cells and kernel for the settings (`cache_type` "auto": f16, or q8_0 under exact_cache)."""
+    if cache_type == "f16" and exact_cache:
+        raise f16_cannot_be_exact()
+    fits = LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
+    if cache_type == "q8_0" and not fits:
+        raise ConfigError(f"{gguf.parent.name}'s KV heads are not a multiple of 32 wide: Q8_0 cells cannot hold them",
+                          hint="serve it with --cache-type f16 (or auto)")
+    if exact_cache and fits:
+        return EXACT_ATTENTION
+    return Q8_0_ATTENTION if cache_type == "q8_0" else FAST_ATTENTION
 
 
 def _cells(window: int, cache_budget_mb: int, gguf: Path, kv_type: int) -> int:

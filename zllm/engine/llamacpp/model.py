@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
-from zllm.engine.llamacpp.backend import LlamaCppEngine
+from zllm.engine.llamacpp.backend import KV_TYPE_NAMES, LlamaCppEngine
 from zllm.engine.llamacpp.kv import LlamaKV
 from zllm.engine.loaded import LoadedModel, Weights
 from zllm.errors import ConfigError
@@ -68,6 +68,20 @@ class LlamaCppModel(LoadedModel):
     def vocab_size(self) -> int:
         return self.engine.vocab_size
 
+    @property
+    def cache_dtype(self) -> str:
+        """The KV identity's number format: the weights', plus the cells' type when it is not F16, and exact mode
+        (whose KV bits a non-exact pool computes otherwise). A snapshot then restores only into a pool of its own
+        kind: after a restart with another --cache-type or --exact-cache its namespace is another one, a clean
+        miss, and the blob stays for a restart with its own kind (or the budget's eviction). F16 adds nothing, so
+        the SSD tiers written before --cache-type existed stay valid."""
+        cells = "" if self.kv_cache_type == "f16" else f":kv-{self.kv_cache_type}"
+        return super().cache_dtype + cells + (":exact" if self.engine.settings.exact else "")
+
+    @property
+    def kv_cache_type(self) -> str:
+        return KV_TYPE_NAMES[self.engine.settings.kv_type]
+
     def device_cache_budget(self, budget_mb: int) -> int:
         return self.engine.kv_bytes  # its KV pool was sized at load (the budget setting sized it)
 
@@ -83,8 +97,8 @@ class LlamaCppModel(LoadedModel):
         # the config's device budget holds here as on torch; the engine's pool is its upper bound
         budget = min(engine.cells, config.device_budget_bytes // max(engine.bytes_per_token, 1)) * engine.bytes_per_token
         cache = PrefixCache(config, kv, cost_key=f"cost:seq:{layout}", budget_bytes=budget, decode=decode)
-        log.info("prefix cache (llama.cpp): %d KV cells (%d MB), %d bytes/token%s", engine.cells,
-                 engine.kv_bytes // MiB, engine.bytes_per_token,
+        log.info("prefix cache (llama.cpp): %d %s KV cells (%d MB), %d bytes/token%s", engine.cells,
+                 self.kv_cache_type, engine.kv_bytes // MiB, engine.bytes_per_token,
                  f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")
         return cache
 
