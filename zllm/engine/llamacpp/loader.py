@@ -59,12 +59,12 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
     gguf = path / GGUF_FILE
     if not gguf.is_file():
         raise ConfigError(f"{path} holds no {GGUF_FILE}", hint="the llama.cpp backend serves GGUF models")
+    attention = pool_attention(gguf, exact_cache=exact_cache, cache_type=cache_type)  # refused before loading
     if rpc_servers:  # before anything loads: llama.cpp places layers on the devices registered at load
         register_rpc_servers(rpc_servers, backend_path=rpc_backend)
     config = ModelConfig.from_dir(path)
     tokenizer = TokenizerFiles.from_dir(path)
     window = window_length(config, context_length)
-    attention = pool_attention(gguf, exact_cache=exact_cache, cache_type=cache_type)
     with load_log() if rpc_servers else nullcontext([]) as log_lines:
         engine = LlamaCppEngine(str(gguf.resolve()), ContextSettings(
             cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
