@@ -64,9 +64,10 @@ def measure(loaded, tokens: list[int], decode: int, scratch: Path) -> dict:
     engine.crop(seq, n - 1)  # a device hit on the same prompt: all but the last token kept, the last recomputed
     (hit,) = engine.step([Row(seq, tokens[-1:])])
 
-    store = SnapshotStore(scratch / loaded.kv_cache_type, "bench", 1 << 40)
+    directory = Path(tempfile.mkdtemp(prefix=f"{loaded.kv_cache_type}-", dir=scratch))  # a store per run
+    store = SnapshotStore(directory, "bench", 1 << 40)
     row = store.commit(SnapshotJob("s", "bench", "m", tuple(tokens), n, 1, lambda: state))
-    drop_page_cache(scratch)
+    drop_page_cache(directory)
     started = time.perf_counter()
     payload = store.read(SnapshotMatch(row, n - 1), 0).payload
     restored = engine.import_state(payload, row.length)  # beside `seq`'s cells: another place in the pool
@@ -74,6 +75,7 @@ def measure(loaded, tokens: list[int], decode: int, scratch: Path) -> dict:
     (restore,) = engine.step([Row(restored, tokens[-1:])])
     restore_s = time.perf_counter() - started
     store.close()
+    shutil.rmtree(directory)
     engine.release(restored)
     engine.release(seq)
     hit_gap, restore_gap = gap(hit, cold), gap(restore, hit)
