@@ -56,6 +56,8 @@ MUST_DERIVE = (
     # the parameter's key in its closer, nested values as elements (derived/xml_values.py); the value's type in
     # the parameter's markup, the call's index from 1, the text framed by markers the calls use too
     "MiniMax-M3", "Kimi-K3",
+    # keyword arguments in Python-call notation, strings raw between `'` (derived/kwargs.py)
+    "LFM2.5-8B-A1B",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
