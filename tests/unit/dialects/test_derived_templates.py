@@ -590,3 +590,62 @@ def test_history_ids_read_back_and_continue(derivations, stand_in):
         matcher = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("required")), stand_in)
         tokens = stand_in[1].tokenize_str(text, parse_special=True)
         assert matcher.validate_tokens(tokens) == len(tokens), (text, matcher.get_error())
+
+
+# ------------------------------------------------------------------------------------------ keyword arguments
+
+LFM_CALLS = ("<|tool_call_start|>[search(query='it's \"x\", y', a=1.5, b=True, c=None, o={\"k\": [true, null, \"v'w\"]}, "
+             "l=['a', \"it's\", 2, False, None, {'k': 'v'}], d='print('a'); q')]<|tool_call_end|>")
+
+
+def test_lfm_keyword_arguments_read_back_every_json_type(derivations, stand_in):
+    """LFM2.5 writes keyword arguments in Python-call notation: strings raw between `'` (the template does not
+    escape them: a string may hold the quote), True / False / None, objects as JSON, arrays as Python's repr. Read
+    back as JSON, split-invariant, written back by the template as the model wrote them."""
+    dialect = derivations["LFM2.5-8B-A1B"].dialect
+    fmt = dialect.format
+    assert (fmt.arguments, fmt.name_close, fmt.param_mid, fmt.pair_sep, fmt.quote_open, fmt.constants,
+            fmt.object_literal, fmt.array_literal) == ("kwargs", "(", "=", ", ", "'", "python", "json", "python")
+    make = lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_"))  # noqa: E731
+    text = "Let me check." + LFM_CALLS
+    assert_split_invariant(make, text, tokenizer=stand_in[0], groupings=100)
+    message = _events_of(dialect, text)
+    (got,) = message.tool_calls
+    assert message.content == "Let me check."
+    assert json.loads(got.arguments) == {"query": "it's \"x\", y", "a": 1.5, "b": True, "c": None,
+                                         "o": {"k": [True, None, "v'w"]}, "l": ["a", "it's", 2, False, None, {"k": "v"}],
+                                         "d": "print('a'); q"}
+    again = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                        add_generation_prompt=False))
+    assert LFM_CALLS in again
+    two = "<|tool_call_start|>[search(query='a'), get_weather(city='paris', days=3), search()]<|tool_call_end|>"
+    assert [(c.name, json.loads(c.arguments)) for c in _events_of(dialect, two).tool_calls] == \
+        [("search", {"query": "a"}), ("get_weather", {"city": "paris", "days": 3}), ("search", {})]
+    # not the notation (a bare word, a key without `=`): the call ends unfinished, the rest is text
+    for broken in ("<|tool_call_start|>[search(query=rain)]<|tool_call_end|>",
+                   "<|tool_call_start|>[search(query 'x')]<|tool_call_end|>"):
+        message = _events_of(dialect, broken)
+        assert message.content.endswith(")]<|tool_call_end|>") and not any(
+            c.arguments.endswith("}") for c in message.tool_calls), broken
+
+
+def test_lfm_fence_ends_strings_only_where_the_parser_does(derivations, stand_in):
+    """The fence lets a string hold the quote, except followed by what ends a string for the parser (`', KEY=`,
+    `'), ` then a call, `')]` then the section's end); keys in schema order, True / False, strings quoted."""
+    dialect = derivations["LFM2.5-8B-A1B"].dialect
+    for choice, calls, accepted in (
+            ("search", "search(query='it's')", True), ("search", "search(query='f('a')')", True),
+            ("search", "search(query=''')", True), ("search", "search(query='a', b=')", False),
+            ("search", "search(query='a'), b')", False), ("search", "search(query='x'), search(query='y')", True),
+            ("search", "search(query=\"x\")", False), ("search", "search(query='0123456789abc')", False),
+            ("get_weather", "get_weather(city='rome', days=3)", True),
+            ("get_weather", "get_weather(city='rome', days=3, metric=False)", True),
+            ("get_weather", "get_weather(city='rome', days=3, metric=false)", False),
+            ("get_weather", "get_weather(days=3, city='rome')", False),
+            ("get_weather", "get_weather(city='rome')", False), ("get_weather", "get_weather(city='oslo', days=3)", False),
+            ("get_weather", "get_weather(city='rome',days=3)", False)):
+        spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", choice), thinking=False)
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f"<|tool_call_start|>[{calls}]<|tool_call_end|>", parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+                and matcher.is_accepting()) is accepted, calls

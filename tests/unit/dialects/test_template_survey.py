@@ -26,8 +26,6 @@ NOT_HOLDING = {
     "CohereForAI-c4ai-command-r-plus-tool_use",
     # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
     "GigaChat3-10B-A1.8B",
-    # Python-call notation `[name(k='v')]`: no derivation yet; served as Qwen3 Hermes
-    "LFM2.5-8B-A1B",
     # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
     "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
     # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
@@ -41,7 +39,7 @@ CHOSEN = {
     "deepseek-ai-DeepSeek-V3.2": "deepseek-v3.2", "deepseek-ai-DeepSeek-V4": "deepseek-v4",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "qwen3", "deepseek-ai-DeepSeek-V3.1": "derived",
     "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
-    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
 }
 
 
