@@ -193,7 +193,7 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
                 "Spark2.5", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
-                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2")
+                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "Reka-Edge")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))

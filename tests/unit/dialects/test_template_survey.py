@@ -28,8 +28,6 @@ NOT_HOLDING = {
     "GigaChat3-10B-A1.8B",
     # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
     "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
-    # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
-    "Reka-Edge",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template
@@ -40,6 +38,8 @@ CHOSEN = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "qwen3", "deepseek-ai-DeepSeek-V3.1": "derived",
     "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
     "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
+    # Hermes JSON calls, but the generation prompt opens the reasoning block under `enable_thinking`
+    "Reka-Edge": "derived", "Bielik-11B-v3.0-Instruct": "derived", "Qwen-Qwen3-0.6B": "qwen3",
 }
 
 
