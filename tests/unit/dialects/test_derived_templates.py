@@ -649,3 +649,24 @@ def test_lfm_fence_ends_strings_only_where_the_parser_does(derivations, stand_in
         tokens = stand_in[1].tokenize_str(f"<|tool_call_start|>[{calls}]<|tool_call_end|>", parse_special=True)
         assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
                 and matcher.is_accepting()) is accepted, calls
+
+
+# ------------------------------------------------------------------------------------------ the turn's end
+
+
+def test_reka_turn_stopped_at_its_end_token_continues(derivations, stand_in):
+    """Reka Edge ends a turn with `\\n\\n<sep>`: generation stops at the `<sep>` token, so the output ends with the
+    `\\n\\n` the template writes before it: framing, not the turn's text (else the next prompt writes it twice)."""
+    dialect = derivations["Reka-Edge"].dialect
+    assert _fmt(dialect).turn_end == "\n\n<sep>"
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+    for output, text in ((" Hello\n\n", "Hello"), (" Hello\n\n\n", "Hello\n"), (" a\nb\n\n", "a\nb"),
+                         (f" Let me check.\n{call}\n\n", "Let me check.")):
+        events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=20)
+        message = _as_message(events)
+        assert message.content == text, output
+        results = _results(message)
+        following = dialect.render(Conversation((USER, message, *results), TOOLS, thinking=False))
+        assert following.startswith(prompt + output + "<sep>"), output

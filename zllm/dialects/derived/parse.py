@@ -19,6 +19,7 @@ from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.derived.kwargs import KwargsCursor
 from zllm.dialects.derived.notation import NotationCursor
+from zllm.dialects.derived.probe import split_markers
 from zllm.dialects.derived.xml_values import XmlValueCursor
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
@@ -85,6 +86,12 @@ class DerivedParser(StreamParser):
         # held while it may still be arriving
         self._lead_open = bool(fmt.content_lead)
         self._lead_seen = ""
+        # the text the template writes before its end-of-turn marker (Reka Edge's `\n\n<sep>`): the model writes it
+        # before the token generation stops at, so at the very end of the output it is framing, dropped; held
+        # while it may be
+        head = split_markers(fmt.turn_end)[0] if fmt.turn_end else ""
+        self._end_head = head if head != fmt.turn_end and head.isspace() else ""
+        self._end_held = ""
 
     @property
     def calls_completed(self) -> int:
@@ -137,7 +144,11 @@ class DerivedParser(StreamParser):
                 self._end_param()
             self._end_call(completed=False)
         self._go(_State.TEXT)
-        return self._take()
+        events = self._take()
+        held, self._end_held = self._end_held, ""
+        if held and held != self._end_head:  # not the turn end's text: the turn's own
+            events.append(TextDelta(held))
+        return events
 
     def _run(self, text: str) -> None:
         if self._state is _State.START:
@@ -522,7 +533,22 @@ class DerivedParser(StreamParser):
 
     def _take(self) -> list[Event]:
         events, self._events = self._events, []
-        return events
+        if not self._end_head:
+            return events
+        out: list[Event] = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                text = self._end_held + event.text
+                keep = next((k for k in range(len(self._end_head), 0, -1) if text.endswith(self._end_head[:k])), 0)
+                self._end_held = text[len(text) - keep:]
+                if len(text) > keep:
+                    out.append(TextDelta(text[:len(text) - keep]))
+                continue
+            if self._end_held:
+                out.append(TextDelta(self._end_held))
+                self._end_held = ""
+            out.append(event)
+        return out
 
 
 class _PatientScanner(TagScanner):
