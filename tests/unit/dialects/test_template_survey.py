@@ -22,7 +22,9 @@ NOT_HOLDING = {
     # before the calls, the cache forks at each turn whatever the dialect
     "Apriel-1.6-15b-Thinker-fixed", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "NVIDIA-Nemotron-Nano-v2",
     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "Cohere2MoE",
-    # renders only with tools and writes calls with the index before the name (`"tool_call_id": "0", "tool_name"`)
+    # renders only with its tools (Hermes renders the messages alone: every conversation is rejected), and writes
+    # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
+    # JSON `{"tool_name": ..., "parameters": {...}}`
     "CohereForAI-c4ai-command-r-plus-tool_use",
     # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
     "GigaChat3-10B-A1.8B",
