@@ -658,7 +658,7 @@ def test_reka_turn_stopped_at_its_end_token_continues(derivations, stand_in):
     """Reka Edge ends a turn with `\\n\\n<sep>`: generation stops at the `<sep>` token, so the output ends with the
     `\\n\\n` the template writes before it: framing, not the turn's text (else the next prompt writes it twice)."""
     dialect = derivations["Reka-Edge"].dialect
-    assert _fmt(dialect).turn_end == "\n\n<sep>"
+    assert _fmt(dialect).turn_end == "\n\n<sep>" and "<sep>" in dialect.end_of_turn  # the token stopped at
     make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
     prompt = dialect.render(Conversation((USER,), TOOLS, thinking=False))
     call = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
