@@ -10,7 +10,8 @@ Rules, first match wins (the facts are what distinguishes the families' vocabula
    — unless the template itself writes `<｜tool▁calls▁begin｜>` calls (DeepSeek V3.1): then rule 5 derives it;
 4. GLM's `<arg_key>` added token → GLM-4.5 XML;
 5. the template writes tool calls other than Hermes JSON, or Hermes JSON but cannot render without its tools
-   (Hermes-2-Pro / 3) or opens the reasoning block in its generation prompt (Reka Edge) → a dialect derived from it (dialects/derived/: the template's own calls, found by
+   (Hermes-2-Pro / 3) or opens the reasoning block in its generation prompt (Reka Edge) → a dialect derived from
+   it (dialects/derived/: the template's own calls, found by
    rendering probe conversations);
 6. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
 7. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).

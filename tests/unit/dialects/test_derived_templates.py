@@ -594,7 +594,8 @@ def test_history_ids_read_back_and_continue(derivations, stand_in):
 
 # ------------------------------------------------------------------------------------------ keyword arguments
 
-LFM_CALLS = ("<|tool_call_start|>[search(query='it's \"x\", y', a=1.5, b=True, c=None, o={\"k\": [true, null, \"v'w\"]}, "
+LFM_CALLS = ("<|tool_call_start|>[search(query='it's \"x\", y', a=1.5, b=True, c=None, "
+             "o={\"k\": [true, null, \"v'w\"]}, "
              "l=['a', \"it's\", 2, False, None, {'k': 'v'}], d='print('a'); q')]<|tool_call_end|>")
 
 
@@ -613,7 +614,8 @@ def test_lfm_keyword_arguments_read_back_every_json_type(derivations, stand_in):
     (got,) = message.tool_calls
     assert message.content == "Let me check."
     assert json.loads(got.arguments) == {"query": "it's \"x\", y", "a": 1.5, "b": True, "c": None,
-                                         "o": {"k": [True, None, "v'w"]}, "l": ["a", "it's", 2, False, None, {"k": "v"}],
+                                         "o": {"k": [True, None, "v'w"]},
+                                         "l": ["a", "it's", 2, False, None, {"k": "v"}],
                                          "d": "print('a'); q"}
     again = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
                                         add_generation_prompt=False))
@@ -642,7 +644,8 @@ def test_lfm_fence_ends_strings_only_where_the_parser_does(derivations, stand_in
             ("get_weather", "get_weather(city='rome', days=3, metric=False)", True),
             ("get_weather", "get_weather(city='rome', days=3, metric=false)", False),
             ("get_weather", "get_weather(days=3, city='rome')", False),
-            ("get_weather", "get_weather(city='rome')", False), ("get_weather", "get_weather(city='oslo', days=3)", False),
+            ("get_weather", "get_weather(city='rome')", False),
+            ("get_weather", "get_weather(city='oslo', days=3)", False),
             ("get_weather", "get_weather(city='rome',days=3)", False)):
         spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", choice), thinking=False)
         matcher = _matcher(dialect, spec, stand_in)

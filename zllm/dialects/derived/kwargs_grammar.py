@@ -98,7 +98,8 @@ class _Tool:
         content = w.terminal(f"K_TEXT_{i}_{j}", self.content(_only(schema, "string")))
         endings = []
         for k in self.following(j):
-            lexeme = w.terminal(f"K_S_{i}_{j}_{k}", f"{content} {_quoted(f.quote_close + f.pair_sep + self.keys[k] + f.param_mid)}")
+            ending = _quoted(f.quote_close + f.pair_sep + self.keys[k] + f.param_mid)
+            lexeme = w.terminal(f"K_S_{i}_{j}_{k}", f"{content} {ending}")
             endings.append(f"{lexeme} k_val_{i}_{k}")
         if self.may_end(j):
             section = w.pieces(f.section_close)
@@ -182,7 +183,7 @@ def python_value(w, name: str, schema: dict) -> str:
 def _python_any(w) -> str:
     """Any value in Python's repr (unchecked: the schema says nothing), one rule for all."""
     w.terminal("K_PY_TEXT", _PLAIN)
-    w.terminal("K_PY_KEY", f"/[A-Za-z0-9_.\\-]{{1,64}}/")
+    w.terminal("K_PY_KEY", "/[A-Za-z0-9_.\\-]{1,64}/")
     w.terminal("K_PY_NUMBER", r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?/")
     w.rule("k_py_pair", "\"'\" K_PY_KEY \"': \" k_py_any")
     w.rule("k_py_dict", '"{" (k_py_pair (", " k_py_pair)*)? "}"')
