@@ -10,7 +10,8 @@ Rules, first match wins (the facts are what distinguishes the families' vocabula
    — unless the template itself writes `<｜tool▁calls▁begin｜>` calls (DeepSeek V3.1): then rule 5 derives it;
 4. GLM's `<arg_key>` added token → GLM-4.5 XML;
 5. the template writes tool calls other than Hermes JSON, or Hermes JSON but cannot render without its tools
-   (Hermes-2-Pro / 3) → a dialect derived from it (dialects/derived/: the template's own calls, found by
+   (Hermes-2-Pro / 3) or opens the reasoning block in its generation prompt (Reka Edge) → a dialect derived from
+   it (dialects/derived/: the template's own calls, found by
    rendering probe conversations);
 6. a `<think>` added token and a template that reasons (`enable_thinking` / `<think>`) → Qwen3 Hermes;
 7. otherwise Hermes JSON over the model's template (ChatML models whose template ignores tools included).
@@ -124,11 +125,21 @@ def _derived(facts: TokenizerFacts) -> DialectChoice | None:
     if result.dialect is None:
         return None
     if result.dialect.format.hermes_json:
+        if _opens_reasoning(result.dialect):
+            return DialectChoice(result.dialect, result.reason + "; its generation prompt opens the reasoning block "
+                                 "(the hand-written Qwen3 dialect writes reasoning into the turn itself)", derived=True)
         if _renders_without_tools(result.dialect.template):
             return None  # the hand-written Hermes dialect speaks it (it renders the messages, tools aside)
         return DialectChoice(result.dialect, result.reason + "; the template needs its tools to render (Hermes-2-Pro"
                              "'s `for tool in tools`), so it renders them itself", derived=True)
     return DialectChoice(result.dialect, result.reason, derived=True)
+
+
+def _opens_reasoning(dialect) -> bool:
+    """Whether the template's generation prompt opens the reasoning block under one of its settings (Reka Edge's
+    `assistant: <think>\n` with `enable_thinking`): the model starts inside it, and the template writes a turn's
+    reasoning only under that switch, which the hand-written Qwen3 dialect neither sets nor reads."""
+    return any(fmt.gen_in_think for fmt in (dialect.format, *dialect.switched.values()))
 
 
 def _renders_without_tools(template) -> bool:

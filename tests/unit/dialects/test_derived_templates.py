@@ -56,6 +56,8 @@ MUST_DERIVE = (
     # the parameter's key in its closer, nested values as elements (derived/xml_values.py); the value's type in
     # the parameter's markup, the call's index from 1, the text framed by markers the calls use too
     "MiniMax-M3", "Kimi-K3",
+    # keyword arguments in Python-call notation, strings raw between `'` (derived/kwargs.py)
+    "LFM2.5-8B-A1B",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -191,7 +193,7 @@ TEMPLATE_NAMES = list(MUST_DERIVE)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
                 "Spark2.5", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
-                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2")
+                "unsloth-Apriel-1.5", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "Reka-Edge")
 
 
 @pytest.mark.parametrize("name", TEMPLATE_NAMES + list(ALSO_DERIVED))
@@ -588,3 +590,86 @@ def test_history_ids_read_back_and_continue(derivations, stand_in):
         matcher = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("required")), stand_in)
         tokens = stand_in[1].tokenize_str(text, parse_special=True)
         assert matcher.validate_tokens(tokens) == len(tokens), (text, matcher.get_error())
+
+
+# ------------------------------------------------------------------------------------------ keyword arguments
+
+LFM_CALLS = ("<|tool_call_start|>[search(query='it's \"x\", y', a=1.5, b=True, c=None, "
+             "o={\"k\": [true, null, \"v'w\"]}, "
+             "l=['a', \"it's\", 2, False, None, {'k': 'v'}], d='print('a'); q')]<|tool_call_end|>")
+
+
+def test_lfm_keyword_arguments_read_back_every_json_type(derivations, stand_in):
+    """LFM2.5 writes keyword arguments in Python-call notation: strings raw between `'` (the template does not
+    escape them: a string may hold the quote), True / False / None, objects as JSON, arrays as Python's repr. Read
+    back as JSON, split-invariant, written back by the template as the model wrote them."""
+    dialect = derivations["LFM2.5-8B-A1B"].dialect
+    fmt = dialect.format
+    assert (fmt.arguments, fmt.name_close, fmt.param_mid, fmt.pair_sep, fmt.quote_open, fmt.constants,
+            fmt.object_literal, fmt.array_literal) == ("kwargs", "(", "=", ", ", "'", "python", "json", "python")
+    make = lambda: dialect.parser(TOOLS, thinking=True, new_call_id=counter("call_"))  # noqa: E731
+    text = "Let me check." + LFM_CALLS
+    assert_split_invariant(make, text, tokenizer=stand_in[0], groupings=100)
+    message = _events_of(dialect, text)
+    (got,) = message.tool_calls
+    assert message.content == "Let me check."
+    assert json.loads(got.arguments) == {"query": "it's \"x\", y", "a": 1.5, "b": True, "c": None,
+                                         "o": {"k": [True, None, "v'w"]},
+                                         "l": ["a", "it's", 2, False, None, {"k": "v"}],
+                                         "d": "print('a'); q"}
+    again = dialect.render(Conversation((USER, Message("assistant", "", tool_calls=(got,))), TOOLS,
+                                        add_generation_prompt=False))
+    assert LFM_CALLS in again
+    two = "<|tool_call_start|>[search(query='a'), get_weather(city='paris', days=3), search()]<|tool_call_end|>"
+    assert [(c.name, json.loads(c.arguments)) for c in _events_of(dialect, two).tool_calls] == \
+        [("search", {"query": "a"}), ("get_weather", {"city": "paris", "days": 3}), ("search", {})]
+    # not the notation (a bare word, a key without `=`): the call ends unfinished, the rest is text
+    for broken in ("<|tool_call_start|>[search(query=rain)]<|tool_call_end|>",
+                   "<|tool_call_start|>[search(query 'x')]<|tool_call_end|>"):
+        message = _events_of(dialect, broken)
+        assert message.content.endswith(")]<|tool_call_end|>") and not any(
+            c.arguments.endswith("}") for c in message.tool_calls), broken
+
+
+def test_lfm_fence_ends_strings_only_where_the_parser_does(derivations, stand_in):
+    """The fence lets a string hold the quote, except followed by what ends a string for the parser (`', KEY=`,
+    `'), ` then a call, `')]` then the section's end); keys in schema order, True / False, strings quoted."""
+    dialect = derivations["LFM2.5-8B-A1B"].dialect
+    for choice, calls, accepted in (
+            ("search", "search(query='it's')", True), ("search", "search(query='f('a')')", True),
+            ("search", "search(query=''')", True), ("search", "search(query='a', b=')", False),
+            ("search", "search(query='a'), b')", False), ("search", "search(query='x'), search(query='y')", True),
+            ("search", "search(query=\"x\")", False), ("search", "search(query='0123456789abc')", False),
+            ("get_weather", "get_weather(city='rome', days=3)", True),
+            ("get_weather", "get_weather(city='rome', days=3, metric=False)", True),
+            ("get_weather", "get_weather(city='rome', days=3, metric=false)", False),
+            ("get_weather", "get_weather(days=3, city='rome')", False),
+            ("get_weather", "get_weather(city='rome')", False),
+            ("get_weather", "get_weather(city='oslo', days=3)", False),
+            ("get_weather", "get_weather(city='rome',days=3)", False)):
+        spec = FenceSpec(tools=TOOLS, choice=ToolChoice("tool", choice), thinking=False)
+        matcher = _matcher(dialect, spec, stand_in)
+        tokens = stand_in[1].tokenize_str(f"<|tool_call_start|>[{calls}]<|tool_call_end|>", parse_special=True)
+        assert (matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+                and matcher.is_accepting()) is accepted, calls
+
+
+# ------------------------------------------------------------------------------------------ the turn's end
+
+
+def test_reka_turn_stopped_at_its_end_token_continues(derivations, stand_in):
+    """Reka Edge ends a turn with `\\n\\n<sep>`: generation stops at the `<sep>` token, so the output ends with the
+    `\\n\\n` the template writes before it: framing, not the turn's text (else the next prompt writes it twice)."""
+    dialect = derivations["Reka-Edge"].dialect
+    assert _fmt(dialect).turn_end == "\n\n<sep>" and "<sep>" in dialect.end_of_turn  # the token stopped at
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+    for output, text in ((" Hello\n\n", "Hello"), (" Hello\n\n\n", "Hello\n"), (" a\nb\n\n", "a\nb"),
+                         (f" Let me check.\n{call}\n\n", "Let me check.")):
+        events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=20)
+        message = _as_message(events)
+        assert message.content == text, output
+        results = _results(message)
+        following = dialect.render(Conversation((USER, message, *results), TOOLS, thinking=False))
+        assert following.startswith(prompt + output + "<sep>"), output

@@ -22,16 +22,14 @@ NOT_HOLDING = {
     # before the calls, the cache forks at each turn whatever the dialect
     "Apriel-1.6-15b-Thinker-fixed", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "NVIDIA-Nemotron-Nano-v2",
     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "Cohere2MoE",
-    # renders only with tools and writes calls with the index before the name (`"tool_call_id": "0", "tool_name"`)
+    # renders only with its tools (Hermes renders the messages alone: every conversation is rejected), and writes
+    # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
+    # JSON `{"tool_name": ..., "parameters": {...}}`
     "CohereForAI-c4ai-command-r-plus-tool_use",
     # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
     "GigaChat3-10B-A1.8B",
-    # Python-call notation `[name(k='v')]`: no derivation yet; served as Qwen3 Hermes
-    "LFM2.5-8B-A1B",
     # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
     "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
-    # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
-    "Reka-Edge",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template
@@ -41,7 +39,9 @@ CHOSEN = {
     "deepseek-ai-DeepSeek-V3.2": "deepseek-v3.2", "deepseek-ai-DeepSeek-V4": "deepseek-v4",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "qwen3", "deepseek-ai-DeepSeek-V3.1": "derived",
     "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
-    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
+    # Hermes JSON calls, but the generation prompt opens the reasoning block under `enable_thinking`
+    "Reka-Edge": "derived", "Bielik-11B-v3.0-Instruct": "derived", "Qwen-Qwen3-0.6B": "qwen3",
 }
 
 

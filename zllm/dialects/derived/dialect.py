@@ -54,7 +54,11 @@ class DerivedDialect(Dialect):
         # each literal cut at its special markers: the fence names an added token by id, text by its bytes
         self.markup = tuple(dict.fromkeys(piece for f in formats for literal in f.literals()
                                           for piece in split_markers(literal, tuple(markers)) if piece))
-        self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end) if end))
+        # the turn's end, and the marker alone where whitespace precedes it (Reka Edge's `\n\n<sep>`): generation
+        # stops at the marker's token (the parser drops the whitespace before it)
+        self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end,
+                                                                                _marker_after_space(f.turn_end))
+                                               if end))
         self.supports_thinking = bool(self.switched) or fmt.reasons
         self.thinking_default = thinking_default if self.switched else fmt.reasons
 
@@ -76,6 +80,12 @@ class DerivedDialect(Dialect):
 
     def fence_grammar(self, spec: FenceSpec, markup: MarkupTokens) -> FenceGrammar | None:
         return fence_grammar(spec, markup, fmt=self.format_for(spec.thinking), pieces=self.markup)
+
+
+def _marker_after_space(turn_end: str) -> str:
+    """`<sep>` of `\n\n<sep>`: the marker that ends a turn end made of whitespace and one marker; "" otherwise."""
+    pieces = split_markers(turn_end)
+    return pieces[1] if len(pieces) == 2 and pieces[0].isspace() else ""
 
 
 @dataclass(frozen=True)

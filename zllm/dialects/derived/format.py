@@ -14,7 +14,11 @@ the word per JSON type); nested values as JSON, or (`xml_item`) as elements in t
 named `xml_item` (MiniMax M3, derived/xml_values.py);
 
 or an object in the template's own notation (`notation`, notation.py: Gemma 4's `{city:<|"|>paris<|"|>,days:3}`),
-`quote_open` / `quote_close` around its strings, `null_word` for null, keys sorted where the template sorts them.
+`quote_open` / `quote_close` around its strings, `null_word` for null, keys sorted where the template sorts them;
+
+or keyword arguments in Python-call notation (`kwargs`, kwargs.py: LFM2.5's `NAME(k='v', n=1)`, the parentheses
+being `name_close` / `call_close`): KEY{param_mid}VALUE pairs joined by `pair_sep`, strings raw between `quote_open`
+/ `quote_close`, true / false / null as `constants` says, objects and arrays as `object_literal` / `array_literal` say.
 
 Reasoning, where the template writes it: `{think_open}REASONING{think_close}` at the start of the turn.
 `turn_end` is the text the template closes an assistant turn with (its end-of-turn marker); `call_turn_end` the
@@ -48,7 +52,7 @@ class CallFormat:
     call_close: str
     call_sep: str
     section_close: str
-    arguments: str  # "json" | "tagged" | "notation"
+    arguments: str  # "json" | "tagged" | "notation" | "kwargs"
     param_open: str = ""
     param_mid: str = ""
     param_close: str = ""
@@ -93,6 +97,12 @@ class CallFormat:
     # the template leaves out a parameter whose value is null (MiniMax M3)
     null_omitted: bool = False
 
+    # a `kwargs` format's pair separator, and how it writes an object / an array value: "json" (`tojson`) or
+    # "python" (`| string`: Python's repr, `['a', True]`)
+    pair_sep: str = ""
+    object_literal: str = ""
+    array_literal: str = ""
+
     # the slot one literal (name_close or call_close) holds, and the ids its template accepts (a regex, or ""
     # for any id)
     slot: str = ""
@@ -105,6 +115,10 @@ class CallFormat:
     @property
     def notation(self) -> bool:
         return self.arguments == "notation"
+
+    @property
+    def kwargs(self) -> bool:
+        return self.arguments == "kwargs"
 
     @property
     def tagged(self) -> bool:
@@ -147,7 +161,8 @@ class CallFormat:
     def summary(self) -> str:
         """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
         args = (f"{self.param_open}K{self.mid_of('string')}V{self.close_of('K')}" if self.tagged
-                else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation else '{"K": "V"}')
+                else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation
+                else f"K{self.param_mid}{self.quote_open}V{self.quote_close}" if self.kwargs else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
         return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
 

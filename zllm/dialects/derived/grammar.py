@@ -24,6 +24,7 @@ from zllm.canonical import FunctionTool
 from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex, reads_bare
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
 from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat
+from zllm.dialects.derived.kwargs_grammar import kwargs_calls
 from zllm.dialects.derived.param_grammar import typed_value, xml_value
 from zllm.dialects.glm.format import is_string_schema, param_schemas
 from zllm.dialects.string_values import raw_string_terminal
@@ -77,9 +78,12 @@ class _Writer:
             text = "json_answer"
         if not tools:
             return text if text == "json_answer" else f"{text}?"
-        self.rule("call", " | ".join(self.tool(i, tool) for i, tool in enumerate(tools)))
-        more = "" if f.single_call else f"({self.lits(f.call_sep + f.call_open)} call)*"
-        self.rule("calls", f"call {more} {self.lits(f.section_close)}".strip())
+        if f.kwargs:  # each call's rules run on to the section's end (kwargs_grammar.py)
+            self.rule("calls", kwargs_calls(self, tools))
+        else:
+            self.rule("call", " | ".join(self.tool(i, tool) for i, tool in enumerate(tools)))
+            more = "" if f.single_call else f"({self.lits(f.call_sep + f.call_open)} call)*"
+            self.rule("calls", f"call {more} {self.lits(f.section_close)}".strip())
         section = f"{self.lits(f.section_open + f.call_open)} calls"
         if spec.choice.mode in ("required", "tool"):
             return section

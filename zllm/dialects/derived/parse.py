@@ -17,7 +17,9 @@ from zllm.dialects.bare_json import BareCallReader, reads_bare
 from zllm.dialects.base import StreamParser
 from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
+from zllm.dialects.derived.kwargs import KwargsCursor
 from zllm.dialects.derived.notation import NotationCursor
+from zllm.dialects.derived.probe import split_markers
 from zllm.dialects.derived.xml_values import XmlValueCursor
 from zllm.dialects.glm.format import param_schemas, string_param, value_json
 from zllm.dialects.hermes.json_cursor import JsonCursor
@@ -35,6 +37,7 @@ class _State(Enum):
     NAME = auto()
     JSON_ARGS = auto()
     NOTATION_ARGS = auto()  # arguments in the template's own notation (notation.py), streamed as JSON
+    KWARGS_ARGS = auto()  # keyword arguments in Python-call notation (kwargs.py), through the call's closer
     CALL_CLOSE = auto()  # after a JSON object: the call's closer
     KEY = auto()
     TYPE = auto()  # the value's type word, inside `param_mid` (format.py `type_words`)
@@ -83,6 +86,12 @@ class DerivedParser(StreamParser):
         # held while it may still be arriving
         self._lead_open = bool(fmt.content_lead)
         self._lead_seen = ""
+        # the text the template writes before its end-of-turn marker (Reka Edge's `\n\n<sep>`): the model writes it
+        # before the token generation stops at, so at the very end of the output it is framing, dropped; held
+        # while it may be
+        head = split_markers(fmt.turn_end)[0] if fmt.turn_end else ""
+        self._end_head = head if head != fmt.turn_end and head.isspace() else ""
+        self._end_held = ""
 
     @property
     def calls_completed(self) -> int:
@@ -119,7 +128,7 @@ class DerivedParser(StreamParser):
         elif state is _State.JSON_ARGS:
             self._emit_args(held)
             self._end_call(completed=False)
-        elif state is _State.NOTATION_ARGS:
+        elif state in (_State.NOTATION_ARGS, _State.KWARGS_ARGS):
             self._end_call(completed=False)
         elif state is _State.SLOT:
             self._end_call(completed=False)
@@ -135,7 +144,11 @@ class DerivedParser(StreamParser):
                 self._end_param()
             self._end_call(completed=False)
         self._go(_State.TEXT)
-        return self._take()
+        events = self._take()
+        held, self._end_held = self._end_held, ""
+        if held and held != self._end_head:  # not the turn end's text: the turn's own
+            events.append(TextDelta(held))
+        return events
 
     def _run(self, text: str) -> None:
         if self._state is _State.START:
@@ -158,6 +171,9 @@ class DerivedParser(StreamParser):
                 continue
             if self._state is _State.NOTATION_ARGS:
                 pending = self._in_notation(pending)
+                continue
+            if self._state is _State.KWARGS_ARGS:
+                pending = self._in_kwargs(pending)
                 continue
             if self._state is _State.XML_VALUE:
                 pending = self._in_xml_value(pending)
@@ -276,6 +292,12 @@ class DerivedParser(StreamParser):
             self._cursor = NotationCursor(quote_open=f.quote_open, quote_close=f.quote_close, null=f.null_word)
             self._emit_args(self._cursor.step("{"))
             self._state = _State.NOTATION_ARGS
+        elif self.f.kwargs:  # the name ends at the opening parenthesis: keyword arguments to the closing one
+            f = self.f
+            self._cursor = KwargsCursor(f, call_sep=f.call_sep + f.call_open, section_close=f.section_close,
+                                        name_close=f.name_close)
+            self._emit_args(self._cursor.start())
+            self._state = _State.KWARGS_ARGS
         elif not self.f.tagged:
             self._cursor = JsonCursor()
             self._state = _State.JSON_ARGS
@@ -326,6 +348,25 @@ class DerivedParser(StreamParser):
                     self._end_call(completed=True)
                     self._go(_State.AFTER_CALL)
                 return text[at + 1:]
+        self._emit_args(out)
+        return ""
+
+    def _in_kwargs(self, text: str) -> str:
+        cursor = self._cursor
+        out = ""
+        for at, ch in enumerate(text):
+            piece = cursor.step(ch)
+            if cursor.error:  # not the notation: the call ends there, the rest is text
+                self._emit_args(out)
+                self._end_call(completed=False)
+                self._go(_State.TEXT)
+                return cursor.rest + text[at:]
+            out += piece
+            if cursor.done:  # the closer read (and what the cursor read past it, given back)
+                self._emit_args(out)
+                self._end_call(completed=True)
+                self._go(_State.AFTER_CALL)
+                return cursor.rest + text[at + 1:]
         self._emit_args(out)
         return ""
 
@@ -492,7 +533,22 @@ class DerivedParser(StreamParser):
 
     def _take(self) -> list[Event]:
         events, self._events = self._events, []
-        return events
+        if not self._end_head:
+            return events
+        out: list[Event] = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                text = self._end_held + event.text
+                keep = next((k for k in range(len(self._end_head), 0, -1) if text.endswith(self._end_head[:k])), 0)
+                self._end_held = text[len(text) - keep:]
+                if len(text) > keep:
+                    out.append(TextDelta(text[:len(text) - keep]))
+                continue
+            if self._end_held:
+                out.append(TextDelta(self._end_held))
+                self._end_held = ""
+            out.append(event)
+        return out
 
 
 class _PatientScanner(TagScanner):

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Iterable
 
-from zllm.dialects.derived import notation
+from zllm.dialects.derived import kwargs, notation
 from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.param_probes import json_kind as _json_kind
@@ -132,6 +132,8 @@ class _Prober:
             fmt = self._json_calls(lead, tail)
         elif (spelling := self._notation(lead)) is not None:
             fmt = self._json_calls(lead, tail, spelling)
+        elif (spelling := self._kwargs(lead)) is not None:
+            fmt = self._json_calls(lead, tail, kwargs_spelling=spelling)
         elif K1 in one and V1 in one:
             fmt = self._tagged_calls(lead, tail)
         else:
@@ -220,9 +222,21 @@ class _Prober:
         raise NotDerivable(f"arguments are written in a notation of their own ({quote_open!r} around strings) "
                            "that zllm cannot spell back")
 
-    def _json_calls(self, lead: str, tail: str, spelling: dict | None = None) -> CallFormat:
-        """JSON arguments, or (`spelling`) arguments in the template's notation (notation.py)."""
-        _json = (lambda value: notation.write(value, **spelling)) if spelling else _json_text
+    def _kwargs(self, lead: str) -> dict | None:
+        """How a template that writes keyword arguments (`NAME(k='v')`, kwargs.py) spells each JSON type; None
+        when its arguments are not written so."""
+        def written(arguments: dict) -> str:
+            turn = self._body(self.turn(tool_calls=[call(NAME_A, arguments)]), lead)
+            return turn[_find(turn, NAME_A) + len(NAME_A):]
+
+        return kwargs.kwargs_spelling(written, K1, K2, V1, V2, VN)
+
+    def _json_calls(self, lead: str, tail: str, spelling: dict | None = None,
+                    kwargs_spelling: dict | None = None) -> CallFormat:
+        """JSON arguments, or (`spelling`) arguments in the template's notation (notation.py), or
+        (`kwargs_spelling`) keyword arguments (kwargs.py)."""
+        _json = (lambda value: notation.write(value, **spelling)) if spelling else \
+            (lambda value: kwargs.write(value, **kwargs_spelling)) if kwargs_spelling else _json_text
         a1, a2 = {K1: V1}, {KN: VN}
         one = self._body(self.turn(tool_calls=[call(NAME_A, a1)]), lead)
         n1 = _find(one, NAME_A)
@@ -244,6 +258,8 @@ class _Prober:
         quoting = {} if not spelling else {
             "arguments": "notation", "quote_open": spelling["quote_open"], "quote_close": spelling["quote_close"],
             "null_word": spelling["null"], "sorted_keys": spelling["sorted_keys"]}
+        if kwargs_spelling:
+            quoting = {"arguments": "kwargs", **kwargs_spelling}
         return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
                            **{"arguments": "json", "name_close": name_close, **quoting})
 
