@@ -56,6 +56,9 @@ MUST_DERIVE = (
     # the parameter's key in its closer, nested values as elements (derived/xml_values.py); the value's type in
     # the parameter's markup, the call's index from 1, the text framed by markers the calls use too
     "MiniMax-M3", "Kimi-K3",
+    # a turn of text opens with a lead a turn of calls does not (`<|content|>`; functionary v3.2's recipient
+    # `all\n` against calls that open with their name, arguments given as JSON text); the call's id before its name
+    "upstage-Solar-Open-100B", "meetkai-functionary-medium-v3.2",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")

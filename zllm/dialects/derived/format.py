@@ -23,6 +23,10 @@ results follow in the same model turn). `text_after_calls`: the template writes 
 the generation prompt itself opens the reasoning block (the model starts inside it). `content_lead`: whitespace the
 template writes after the generation prompt before any content or call (Poolside Laguna XS: `</think>` ends the
 prompt, the turn goes on `\n`): framing, not text, and the separator before a bare JSON call (bare_json.py).
+`text_lead`: what the template opens a turn of text with and a turn of calls does not (Solar Open's `<|content|>`
+against `<|tool_calls|>`, functionary v3.2's recipient `all\n` against the call's `NAME\n`): framing, dropped; the
+turn's first characters tell text from calls. `text_arguments`: the template takes a call's arguments as JSON text,
+not as an object (functionary v3.2 concatenates them).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class CallFormat:
     param_close: str = ""
     content_sep: str = ""
     content_lead: str = ""
+    text_lead: str = ""
+    text_arguments: bool = False
     think_open: str = ""
     think_close: str = ""
     gen_in_think: bool = False
@@ -125,7 +131,7 @@ class CallFormat:
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
                  self.think_close, self.quote_open, self.quote_close, self.wrap_open, self.wrap_close,
-                 self.bare_call_close, self.text_close)
+                 self.bare_call_close, self.text_close, self.text_lead)
         return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
 
     def close_of(self, key: str) -> str:

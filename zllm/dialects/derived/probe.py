@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 
 from zllm.dialects.derived import notation
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat, split_slot
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.param_probes import json_kind as _json_kind
 from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
@@ -89,15 +89,30 @@ class _Prober:
         self.template = template
         self.variables = variables or {}
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        self.text_arguments = False  # the template takes arguments as JSON text (format.py `text_arguments`)
+        self._text_lead = ""
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
 
     def _render(self, messages: list[dict], *, generation: bool) -> str:
         try:
-            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation, **self.variables)
+            return self.template(_as_text(messages) if self.text_arguments else messages, tools=PROBE_TOOLS,
+                                 add_generation_prompt=generation, **self.variables)
         except Exception as exc:  # jinja errors, raise_exception(...), a template that insists on its own shape
-            raise NotDerivable(f"the template fails on a probe conversation: {type(exc).__name__}: {exc}") from exc
+            failure = exc
+        if not self.text_arguments and _as_text(messages) != messages:
+            # a template that takes the arguments as JSON text (functionary v3.2 writes `'\n' + arguments`)
+            try:
+                text = self.template(_as_text(messages), tools=PROBE_TOOLS, add_generation_prompt=generation,
+                                     **self.variables)
+            except Exception:  # noqa: BLE001 - it fails either way: the first failure says why
+                pass
+            else:
+                self.text_arguments = True
+                return text
+        raise NotDerivable(f"the template fails on a probe conversation: {type(failure).__name__}: {failure}") \
+            from failure
 
     def turn(self, **assistant) -> str:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
@@ -125,6 +140,7 @@ class _Prober:
             raise NotDerivable("the template does not write an assistant's text")
         lead, tail = plain.split(TEXT, 1)
         self._tail = tail
+        lead = self._split_text_lead(lead, self.turn(tool_calls=[call(NAME_A, {K1: V1})]))
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         if NAME_A not in one:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
@@ -141,7 +157,20 @@ class _Prober:
         if lead and not lead.strip() and not fmt.reasons:
             # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
             fmt = _replace(fmt, content_lead=lead)
-        return fmt
+        return _replace(fmt, text_lead=self._text_lead, text_arguments=self.text_arguments)
+
+    def _split_text_lead(self, lead: str, calling: str) -> str:
+        """The lead a turn of calls shares with a turn of text; the rest of the text's lead is the text's own
+        (format.py `text_lead`: Solar Open's `<|content|>`, functionary v3.2's `all\\n`). A call whose turn opens
+        partway into the text's lead (`to=` of `to=user` / `to=NAME`) is not described: the text's lead must
+        differ from the calls' opening from its first character or after a whole marker."""
+        if calling.startswith(lead):
+            return lead
+        shared = self._common_prefix(lead, calling)
+        if shared.strip() and not any(end == len(shared) for _, end in self._marker_spans(lead)):
+            raise NotDerivable(f"a turn with calls does not start like a turn with text ({lead!r})")
+        self._text_lead = lead[len(shared):]
+        return shared
 
     def _with_history_ids(self, fmt: CallFormat) -> CallFormat:
         """A template that writes each call's id once results follow, not in the turn the model writes (Apriel
@@ -173,11 +202,15 @@ class _Prober:
                  for slot in SLOTS if slot in literal}
         if not slots:
             return fmt
-        held = [name for name in ("name_close", "call_close") if any(s in getattr(fmt, name) for s in slots)]
+        # before the name (Solar Open's `<|tool_call:begin|>ID<|tool_call:name|>`), after it, or after the arguments
+        held = [name for name in ("name_close", "call_close", "call_open")
+                if any(s in getattr(fmt, name) for s in slots)]
         if len(slots) > 1 or len(held) != 1 or (fmt.tagged and held != ["name_close"]) or any(
-                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held):
+                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held) or (
+                held == ["call_open"] and not split_slot(fmt.call_open)[0]):
             raise NotDerivable("the call's id or index is written where zllm cannot read it back (only once, "
-                               "after the name, or after the arguments of a JSON call)")
+                               "after the call's opening marker, after the name, or after the arguments of a JSON "
+                               "call)")
         slot = next(iter(slots))
         pattern = ""
         if slot == ID_SLOT:
@@ -379,6 +412,11 @@ class _Prober:
         if after_two != after:
             raise NotDerivable("the last of two calls does not end the turn like a single call")
         call_open = self._common_suffix(before, mid)
+        cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
+        if cut_before[-1:].isdigit() and cut_mid[-1:].isdigit():
+            # `"tool_call_id": "0", "tool_name": "` / `"1", ...`: an index before the name, which the literals
+            # would otherwise hold as text (a third call would not read)
+            raise NotDerivable("the call's index is written before its name")
         close_and_sep = mid[:len(mid) - len(call_open)]
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
@@ -434,6 +472,8 @@ class _Prober:
             if at < 0 or turn != without[:at] + TEXT + without[at:]:
                 raise NotDerivable("text beside calls is written neither before nor right after them")
             return _replace(fmt, text_after_calls=True)
+        if self._text_lead and turn.startswith(self._text_lead + TEXT):
+            turn = turn[len(self._text_lead):]  # the text's own lead (functionary v3.2's `all\n`), then the text
         if not turn.startswith(TEXT) or opener not in turn:
             raise NotDerivable("text before calls is not written as the text, then the calls")
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
@@ -514,6 +554,18 @@ def _indexed(first: str, second: str) -> str:
         if len(differ) == 1 and (first[differ[0]], second[differ[0]]) in (("0", "1"), ("1", "2")):
             return first[:differ[0]] + INDEX_SLOT + first[differ[0] + 1:]
     raise NotDerivable("the second call's name and arguments are not joined like the first's")
+
+
+def _as_text(messages: list[dict]) -> list[dict]:
+    """The conversation with each call's arguments as their JSON text."""
+    def call_as_text(tool_call: dict) -> dict:
+        arguments = tool_call["function"]["arguments"]
+        if isinstance(arguments, str):
+            return tool_call
+        return {**tool_call, "function": {**tool_call["function"], "arguments": _json_text(arguments)}}
+
+    return [{**m, "tool_calls": [call_as_text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
 
 
 def _leading_marker(lead: str, prober: _Prober) -> str:
