@@ -59,6 +59,8 @@ MUST_DERIVE = (
     # a turn of text opens with a lead a turn of calls does not (`<|content|>`; functionary v3.2's recipient
     # `all\n` against calls that open with their name, arguments given as JSON text); the call's id before its name
     "upstage-Solar-Open-100B", "meetkai-functionary-medium-v3.2",
+    # ... a recipient (` to=user` / ` to=NAME`), the name written again inside the call, one message per call
+    "muse-glimmer",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")

@@ -28,8 +28,6 @@ NOT_HOLDING = {
     "GigaChat3-10B-A1.8B",
     # Python-call notation `[name(k='v')]`: no derivation yet; served as Qwen3 Hermes
     "LFM2.5-8B-A1B",
-    # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
-    "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
     # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
     "Reka-Edge",
 }

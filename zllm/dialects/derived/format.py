@@ -41,6 +41,8 @@ SLOTS = (ID_SLOT, INDEX_SLOT)
 # stand-ins inside a tagged format's parameter literals: the parameter's key (in `param_close`), the value's
 # type word (in `param_mid`)
 KEY_SLOT, TYPE_SLOT = "\x02", "\x03"
+# the call's name written again, inside `name_close` (muse-glimmer's `to=NAME<|message|>...<atem:invoke name="NAME">`)
+NAME_SLOT = "\x04"
 STRICT_ID = "[A-Za-z0-9]{9}"  # Mistral's templates refuse any other id
 
 
@@ -155,12 +157,12 @@ class CallFormat:
         args = (f"{self.param_open}K{self.mid_of('string')}V{self.close_of('K')}" if self.tagged
                 else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
-        return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
+        return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0").replace(NAME_SLOT, "NAME")
 
 
 def split_slot(literal: str) -> tuple[str, str]:
     """`literal` around its slot: (before, after); (literal, "") without one."""
-    for slot in (*SLOTS, KEY_SLOT, TYPE_SLOT):
+    for slot in (*SLOTS, KEY_SLOT, TYPE_SLOT, NAME_SLOT):
         if slot in literal:
             head, _, tail = literal.partition(slot)
             return head, tail

@@ -23,7 +23,7 @@ import json
 from zllm.canonical import FunctionTool
 from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex, reads_bare
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat, split_slot
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, NAME_SLOT, SLOTS, CallFormat, split_slot
 from zllm.dialects.derived.param_grammar import typed_value, xml_value
 from zllm.dialects.glm.format import is_string_schema, param_schemas
 from zllm.dialects.string_values import raw_string_terminal
@@ -119,8 +119,9 @@ class _Writer:
         """`tool_<i>`: from the name to the call's closer (the opener is written by the caller)."""
         f = self.f
         name = f"tool_{index}"
-        if f.tagged:
-            parts = [self.lits(tool.name + f.name_close), *self.params(index, tool), self.lits(f.call_close)]
+        if f.tagged:  # the name, and again where the template repeats it (muse-glimmer)
+            named = tool.name + f.name_close.replace(NAME_SLOT, tool.name)
+            parts = [self.lits(named), *self.params(index, tool), self.lits(f.call_close)]
         elif f.notation:
             parts = [self.lits(tool.name + f.name_close), self.notation_object(index, tool), self.lits(f.call_close)]
         else:

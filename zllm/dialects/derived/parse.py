@@ -15,7 +15,7 @@ from enum import Enum, auto
 from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from zllm.dialects.bare_json import BareCallReader, reads_bare
 from zllm.dialects.base import StreamParser
-from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
+from zllm.dialects.derived.format import ID_SLOT, NAME_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.derived.notation import NotationCursor
 from zllm.dialects.derived.xml_values import XmlValueCursor
@@ -60,8 +60,9 @@ class DerivedParser(StreamParser):
         self._slot = ""  # the id / index text read so far
         self._started = False  # the open call's ToolCallStart is out (held until its written id is read)
         # the literal that holds the slot: "name_close", "call_close", "call_open" or ""
-        self._slot_in = next((n for n in ("name_close", "call_close", "call_open")
-                              if fmt.slot and fmt.slot in getattr(fmt, n)), "")
+        # (the name written again, NAME_SLOT, is read as a slot in name_close and must repeat the name)
+        self._slot_in = "name_close" if NAME_SLOT in fmt.name_close else next(
+            (n for n in ("name_close", "call_close", "call_open") if fmt.slot and fmt.slot in getattr(fmt, n)), "")
         self._scanner = _PatientScanner(())
         self._start = ""
         self._state = _State.START
@@ -381,7 +382,8 @@ class DerivedParser(StreamParser):
         written = self._slot
         if self._slot_in == "call_open":  # before the name: no call yet
             return self._slot_read(written, tag)
-        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
+        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT or (
+                NAME_SLOT in self.f.name_close and written != self._name):
             self._end_call(completed=False)  # not an id: the call ends there, the rest is text
             self._text(written)
             self._go(_State.TEXT)

@@ -16,7 +16,16 @@ import re
 from collections.abc import Iterable
 
 from zllm.dialects.derived import notation
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat, split_slot
+from zllm.dialects.derived.format import (
+    ID_SLOT,
+    INDEX_SLOT,
+    KEY_SLOT,
+    NAME_SLOT,
+    SLOTS,
+    STRICT_ID,
+    CallFormat,
+    split_slot,
+)
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.param_probes import json_kind as _json_kind
 from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
@@ -161,14 +170,14 @@ class _Prober:
 
     def _split_text_lead(self, lead: str, calling: str) -> str:
         """The lead a turn of calls shares with a turn of text; the rest of the text's lead is the text's own
-        (format.py `text_lead`: Solar Open's `<|content|>`, functionary v3.2's `all\\n`). A call whose turn opens
-        partway into the text's lead (`to=` of `to=user` / `to=NAME`) is not described: the text's lead must
-        differ from the calls' opening from its first character or after a whole marker."""
+        (format.py `text_lead`: Solar Open's `<|content|>`, functionary v3.2's `all\\n`). Where they part inside a
+        recipient (muse-glimmer's ` to=user<|message|>` against ` to=NAME<|message|>`), the whole lead is the
+        text's and the calls open with their own ` to=`."""
         if calling.startswith(lead):
             return lead
         shared = self._common_prefix(lead, calling)
-        if shared.strip() and not any(end == len(shared) for _, end in self._marker_spans(lead)):
-            raise NotDerivable(f"a turn with calls does not start like a turn with text ({lead!r})")
+        if not any(end == len(shared) for _, end in self._marker_spans(lead)):
+            shared = ""
         self._text_lead = lead[len(shared):]
         return shared
 
@@ -287,7 +296,8 @@ class _Prober:
         v1 = _find(two_params, V1, k1)
         k2 = _find(two_params, K2, v1)
         v2 = _find(two_params, V2, k2)
-        x = two_params[n + len(NAME_A):k1]  # name_close + param_open
+        # name_close + param_open, the name written again as its slot (muse-glimmer's `<atem:invoke name="NAME">`)
+        x = two_params[n + len(NAME_A):k1].replace(NAME_A, NAME_SLOT)
         # param_close + param_open, the key the closer names (MiniMax M3's `NS</KEY>`) as its slot
         y = two_params[v1 + len(V1):k2].replace(K1, KEY_SLOT)
         param_open = self._common_suffix(x, y)
@@ -303,7 +313,7 @@ class _Prober:
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         after_one = one[_find(one, V1) + len(V1) + len(close(K1)):]
         none = self._body(self.turn(tool_calls=[call(NAME_A, {})]), lead)
-        after_none = none[_find(none, NAME_A) + len(NAME_A):]
+        after_none = none[_find(none, NAME_A) + len(NAME_A):].replace(NAME_A, NAME_SLOT, 1)
         if after_none != name_close + after_one:
             raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
         parts = {"param_open": param_open, "param_mid": param_mid, "param_close": param_close}
@@ -316,14 +326,14 @@ class _Prober:
         two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
         first_end = _find(two, V1) + len(V1) + len(draft.close_of(K1))
         n2 = _find(two, NAME_B, first_end)
-        second_close = two[n2 + len(NAME_B):].partition(draft.param_open + KN)[0]
+        second_close = two[n2 + len(NAME_B):].partition(draft.param_open + KN)[0].replace(NAME_B, NAME_SLOT, 1)
         if second_close != name_close:
             name_close = _indexed(name_close, second_close)  # Kimi K3's `index="1"` / `index="2"`
         number = f"{second_close}{draft.param_open}{KN}{draft.mid_of('integer')}{VN}{draft.close_of(KN)}"
-        if not two[n2 + len(NAME_B):].startswith(number):
+        if not two[n2 + len(NAME_B):].startswith(number.replace(NAME_SLOT, NAME_B)):
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
         fmt = self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
-                          two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
+                          two[n2 + len(NAME_B) + len(number.replace(NAME_SLOT, NAME_B)):], tail, arguments="tagged", name_close=name_close,
                           **{**parts, **typed}, **self._constants(lead, draft), **wrap)
         return self._marker_ends_literals(fmt)
 
