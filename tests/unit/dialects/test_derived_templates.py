@@ -593,3 +593,53 @@ def test_history_ids_read_back_and_continue(derivations, stand_in):
         matcher = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("required")), stand_in)
         tokens = stand_in[1].tokenize_str(text, parse_special=True)
         assert matcher.validate_tokens(tokens) == len(tokens), (text, matcher.get_error())
+
+
+# ------------------------------------------------------------------------------------------ text leads
+
+
+TEXT_LEADS = {"upstage-Solar-Open-100B": "<|content|>", "meetkai-functionary-medium-v3.2": "all\n",
+              "muse-glimmer": " to=user<|message|>"}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_LEADS))
+def test_a_turn_of_text_opens_with_its_lead_and_one_of_calls_without(name, derivations, stand_in):
+    """A template whose text turn opens with a lead its calls do not have (format.py `text_lead`): a turn of
+    text reads back as its text alone (split-invariant), renders back the same, and the fence lets `auto` write
+    it; a turn that opens otherwise is read as calls."""
+    dialect = _derived(derivations, name)
+    fmt = _fmt(dialect)
+    assert fmt.text_lead == TEXT_LEADS[name]
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    turn = Message("assistant", "Sunny, 21 C.")
+    full = dialect.render(Conversation((USER, turn), TOOLS, add_generation_prompt=False, thinking=False))
+    output = full[len(prompt):full.rindex(fmt.turn_end)]
+    assert output.startswith(fmt.text_lead)
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=20)
+    assert _as_message(events) == turn
+    tokens = stand_in[1].tokenize_str(output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(tokens) == len(tokens), (output, matcher.get_error())
+    # the lead begun, then not finished: the text as written
+    assert _as_message(_parse(dialect, fmt.text_lead[:-1], thinking=False)).content == fmt.text_lead[:-1]
+
+
+def test_ids_before_the_name_and_names_written_twice_read_back(derivations):
+    """Solar Open writes the call's id before its name (`<|tool_call:begin|>ID<|tool_call:name|>NAME`): the id
+    comes back in the next prompt; muse-glimmer writes the name twice, and a second name that differs is no call."""
+    from zllm.dialects.derived.ids import written_id
+
+    solar = derivations["upstage-Solar-Open-100B"].dialect
+    written = ('<|tool_calls|><|tool_call:begin|>zq7<|tool_call:name|>search<|tool_call:args|>{"query": "x"}'
+               '<|tool_call:end|>')
+    (got,) = _events_of(solar, written).tool_calls
+    assert (written_id(got.id), got.name, json.loads(got.arguments)) == ("zq7", "search", {"query": "x"})
+    prompt = solar.render(Conversation((USER, Message("assistant", "", tool_calls=(got,)),
+                                        Message("tool", "r", tool_call_id=got.id, name="search")), TOOLS))
+    assert written + "<|calls|>" in prompt
+    muse = derivations["muse-glimmer"].dialect
+    call = ' to=search<|message|><atem:function_calls>\n<atem:invoke name="{}">\n<atem:parameter name="query">x' \
+           '</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+    assert [c.name for c in _events_of(muse, call.format("search")).tool_calls] == ["search"]
+    assert not _events_of(muse, call.format("get_weather")).tool_calls

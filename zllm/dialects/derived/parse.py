@@ -382,8 +382,12 @@ class DerivedParser(StreamParser):
         written = self._slot
         if self._slot_in == "call_open":  # before the name: no call yet
             return self._slot_read(written, tag)
-        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT or (
-                NAME_SLOT in self.f.name_close and written != self._name):
+        if NAME_SLOT in self.f.name_close and written != self._name:  # the name again, not the same: no call
+            self._call_index -= 1
+            self._text(self._opened + self._name + split_slot(self.f.name_close)[0] + written)
+            self._go(_State.TEXT)
+            return tag or ""
+        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
             self._end_call(completed=False)  # not an id: the call ends there, the rest is text
             self._text(written)
             self._go(_State.TEXT)
