@@ -621,6 +621,8 @@ def test_a_turn_of_text_opens_with_its_lead_and_one_of_calls_without(name, deriv
     tokens = stand_in[1].tokenize_str(output, parse_special=True)
     matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
     assert matcher.validate_tokens(tokens) == len(tokens), (output, matcher.get_error())
+    unled = stand_in[1].tokenize_str(output[len(fmt.text_lead):], parse_special=True)
+    assert matcher.validate_tokens(unled) < len(unled)  # text without its lead would read as calls, or fork
     # the lead begun, then not finished: the text as written
     assert _as_message(_parse(dialect, fmt.text_lead[:-1], thinking=False)).content == fmt.text_lead[:-1]
 
@@ -643,3 +645,18 @@ def test_ids_before_the_name_and_names_written_twice_read_back(derivations):
            '</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
     assert [c.name for c in _events_of(muse, call.format("search")).tool_calls] == ["search"]
     assert not _events_of(muse, call.format("get_weather")).tool_calls
+
+
+def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
+    """Command R7B (`enable_thinking` off: `<|START_RESPONSE|>` text against `<|START_ACTION|>` calls) numbers its
+    calls before the name (`"tool_call_id": "0", "tool_name": "NAME"`): literals holding the `0` and the `1` would
+    read two calls and no third, so the template is not described."""
+    from tests.support.template_survey import markers_of
+
+    source = templates["CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
+    from zllm.dialects.derived.jinja import JinjaChatTemplate
+    from zllm.dialects.derived.probe import NotDerivable, derive_format
+
+    template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    with pytest.raises(NotDerivable, match="index is written before its name"):
+        derive_format(template, markers_of(source), enable_thinking=False)
