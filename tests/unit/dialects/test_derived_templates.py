@@ -648,7 +648,7 @@ def test_ids_before_the_name_and_names_written_twice_read_back(derivations):
 
 
 def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
-    """Command R7B (`enable_thinking` off: `<|START_RESPONSE|>` text against `<|START_ACTION|>` calls) numbers its
+    """Command R7B (`enable_thinking` on: `<|START_RESPONSE|>` text against `<|START_ACTION|>` calls) numbers its
     calls before the name (`"tool_call_id": "0", "tool_name": "NAME"`): literals holding the `0` and the `1` would
     read two calls and no third, so the template is not described."""
     from tests.support.template_survey import markers_of
@@ -659,4 +659,4 @@ def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
 
     template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
     with pytest.raises(NotDerivable, match="index is written before its name"):
-        derive_format(template, markers_of(source), enable_thinking=False)
+        derive_format(template, markers_of(source), enable_thinking=True)
