@@ -61,6 +61,8 @@ MUST_DERIVE = (
     "upstage-Solar-Open-100B", "meetkai-functionary-medium-v3.2",
     # ... a recipient (` to=user` / ` to=NAME`), the name written again inside the call, one message per call
     "muse-glimmer",
+    # the text turn's end marker opens the call too (`<|message_sep|>` then a `function call` role)
+    "GigaChat3-10B-A1.8B",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -660,3 +662,27 @@ def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
     template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
     with pytest.raises(NotDerivable, match="index is written before its name"):
         derive_format(template, markers_of(source), enable_thinking=True)
+
+
+def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
+    """GigaChat 3 ends a turn of text with `<|message_sep|>` and opens its call with it
+    (`<|message_sep|>\\n\\nfunction call<|role_sep|>\\n{...}`): the marker never stops generation (the model's EOS
+    ends the turn); after text it closes the text (dropped, with the template's `\\n\\n`), and the fence lets the
+    turn end there or go on into a call."""
+    dialect = _derived(derivations, "GigaChat3-10B-A1.8B")
+    assert dialect.continues_turn == ("<|message_sep|>",) and "<|message_sep|>" not in dialect.end_of_turn
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    for written in ("Sunny, 21 C.<|message_sep|>", "Sunny, 21 C.<|message_sep|>\n\n"):
+        events = assert_split_invariant(make, written, tokenizer=stand_in[0], groupings=20)
+        assert _as_message(events) == Message("assistant", "Sunny, 21 C."), written
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    tokens = stand_in[1].tokenize_str("Sunny, 21 C.<|message_sep|>", parse_special=True)
+    assert matcher.consume_tokens(tokens) and matcher.is_accepting()
+    call = '\n\nfunction call<|role_sep|>\n{"name": "search", "arguments": {"query": "x"}}'
+    rest = stand_in[1].tokenize_str(call, parse_special=True)
+    assert matcher.validate_tokens(rest) == len(rest)
+    # the load check holds, and its sample is the call alone (cut at the marker that closes it)
+    from zllm.dialects.round_trip import check_round_trip
+
+    check = check_round_trip(dialect, None, encode=list, end_texts=("</s>",))
+    assert check.held and check.sample.startswith("<|message_sep|>") and check.sample.endswith('"Paris"}}')

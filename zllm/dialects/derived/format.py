@@ -107,6 +107,13 @@ class CallFormat:
     id_pattern: str = ""
 
     @property
+    def end_opens_calls(self) -> bool:
+        """The turn's end marker opens the calls too (GigaChat 3's `<|message_sep|>` then `\\n\\nfunction
+        call<|role_sep|>`): it cannot stop the turn (the model's EOS does); after text it is the text's closing
+        framing (`text_close`)."""
+        return bool(self.turn_end) and (self.section_open + self.call_open).startswith(self.turn_end)
+
+    @property
     def python_constants(self) -> bool:
         return self.constants.startswith("python")
 

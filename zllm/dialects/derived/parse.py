@@ -118,6 +118,9 @@ class DerivedParser(StreamParser):
         held = "".join(piece.text for piece in self._scanner.flush())
         state = self._state
         if state in (_State.TEXT, _State.AFTER_CALL):
+            close = self.f.text_close
+            if close and held.startswith(close) and not held[len(close):].strip():
+                held = ""  # the text's closing framing, held while it could open a call (GigaChat 3): dropped
             self._text(held)
         elif state is _State.REASONING:
             self._reasoning(held)

@@ -166,6 +166,8 @@ class _Prober:
         if lead and not lead.strip() and not fmt.reasons:
             # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
             fmt = _replace(fmt, content_lead=lead)
+        if fmt.end_opens_calls and not fmt.text_close:
+            fmt = _replace(fmt, text_close=fmt.turn_end)  # GigaChat 3: after text, the marker closes it
         return _replace(fmt, text_lead=self._text_lead, text_arguments=self.text_arguments)
 
     def _split_text_lead(self, lead: str, calling: str) -> str:
