@@ -24,8 +24,6 @@ NOT_HOLDING = {
     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "Cohere2MoE",
     # renders only with tools and writes calls with the index before the name (`"tool_call_id": "0", "tool_name"`)
     "CohereForAI-c4ai-command-r-plus-tool_use",
-    # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
-    "GigaChat3-10B-A1.8B",
     # Python-call notation `[name(k='v')]`: no derivation yet; served as Qwen3 Hermes
     "LFM2.5-8B-A1B",
     # ends a turn with `<sep>`, which the stand-in vocabulary's EOS is not (its own tokenizer's is)
