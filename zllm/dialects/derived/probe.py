@@ -332,10 +332,11 @@ class _Prober:
         if second_close != name_close:
             name_close = _indexed(name_close, second_close)  # Kimi K3's `index="1"` / `index="2"`
         number = f"{second_close}{draft.param_open}{KN}{draft.mid_of('integer')}{VN}{draft.close_of(KN)}"
-        if not two[n2 + len(NAME_B):].startswith(number.replace(NAME_SLOT, NAME_B)):
+        number = number.replace(NAME_SLOT, NAME_B)  # as written: the name again where the template repeats it
+        if not two[n2 + len(NAME_B):].startswith(number):
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
         fmt = self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
-                          two[n2 + len(NAME_B) + len(number.replace(NAME_SLOT, NAME_B)):], tail, arguments="tagged", name_close=name_close,
+                          two[n2 + len(NAME_B) + len(number):], tail, arguments="tagged", name_close=name_close,
                           **{**parts, **typed}, **self._constants(lead, draft), **wrap)
         return self._marker_ends_literals(fmt)
 
