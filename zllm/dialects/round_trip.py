@@ -140,12 +140,15 @@ def _sample_call(dialect: Dialect, template: ChatTemplate | None, ends: Sequence
         prompt = _render(dialect, template, (_USER,), thinking)
         following = _render(dialect, template, (_USER, turn, _RESULTS[0]), thinking)
         if following.startswith(prompt):
-            return _cut_at_end(following[len(prompt):], ends)
+            return _cut_at_end(following[len(prompt):], ends, dialect.continues_turn)
     return ""
 
 
-def _cut_at_end(text: str, ends: Sequence[str]) -> str:
+def _cut_at_end(text: str, ends: Sequence[str], continuing: Sequence[str] = ()) -> str:
+    """`text` up to its first end; `continuing`: markers that end a message, not the turn, cut only past the
+    turn's start (GigaChat 3's `<|message_sep|>` opens its call and closes it: the sample is the call alone)."""
     cuts = [at for at in (text.find(end) for end in ends if end) if at >= 0]
+    cuts += [at for at in (text.find(end, 1) for end in continuing if end) if at >= 0]
     return text[:min(cuts)] if cuts else text
 
 

@@ -58,6 +58,13 @@ MUST_DERIVE = (
     "MiniMax-M3", "Kimi-K3",
     # keyword arguments in Python-call notation, strings raw between `'` (derived/kwargs.py)
     "LFM2.5-8B-A1B",
+    # a turn of text opens with a lead a turn of calls does not (`<|content|>`; functionary v3.2's recipient
+    # `all\n` against calls that open with their name, arguments given as JSON text); the call's id before its name
+    "upstage-Solar-Open-100B", "meetkai-functionary-medium-v3.2",
+    # ... a recipient (` to=user` / ` to=NAME`), the name written again inside the call, one message per call
+    "muse-glimmer",
+    # the text turn's end marker opens the call too (`<|message_sep|>` then a `function call` role)
+    "GigaChat3-10B-A1.8B",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -673,3 +680,92 @@ def test_reka_turn_stopped_at_its_end_token_continues(derivations, stand_in):
         results = _results(message)
         following = dialect.render(Conversation((USER, message, *results), TOOLS, thinking=False))
         assert following.startswith(prompt + output + "<sep>"), output
+# ------------------------------------------------------------------------------------------ text leads
+
+
+TEXT_LEADS = {"upstage-Solar-Open-100B": "<|content|>", "meetkai-functionary-medium-v3.2": "all\n",
+              "muse-glimmer": " to=user<|message|>"}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_LEADS))
+def test_a_turn_of_text_opens_with_its_lead_and_one_of_calls_without(name, derivations, stand_in):
+    """A template whose text turn opens with a lead its calls do not have (format.py `text_lead`): a turn of
+    text reads back as its text alone (split-invariant), renders back the same, and the fence lets `auto` write
+    it; a turn that opens otherwise is read as calls."""
+    dialect = _derived(derivations, name)
+    fmt = _fmt(dialect)
+    assert fmt.text_lead == TEXT_LEADS[name]
+    prompt = dialect.render(Conversation((USER,), TOOLS, thinking=False))
+    turn = Message("assistant", "Sunny, 21 C.")
+    full = dialect.render(Conversation((USER, turn), TOOLS, add_generation_prompt=False, thinking=False))
+    output = full[len(prompt):full.rindex(fmt.turn_end)]
+    assert output.startswith(fmt.text_lead)
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    events = assert_split_invariant(make, output, tokenizer=stand_in[0], groupings=20)
+    assert _as_message(events) == turn
+    tokens = stand_in[1].tokenize_str(output, parse_special=True)
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    assert matcher.validate_tokens(tokens) == len(tokens), (output, matcher.get_error())
+    unled = stand_in[1].tokenize_str(output[len(fmt.text_lead):], parse_special=True)
+    assert matcher.validate_tokens(unled) < len(unled)  # text without its lead would read as calls, or fork
+    # the lead begun, then not finished: the text as written
+    assert _as_message(_parse(dialect, fmt.text_lead[:-1], thinking=False)).content == fmt.text_lead[:-1]
+
+
+def test_ids_before_the_name_and_names_written_twice_read_back(derivations):
+    """Solar Open writes the call's id before its name (`<|tool_call:begin|>ID<|tool_call:name|>NAME`): the id
+    comes back in the next prompt; muse-glimmer writes the name twice, and a second name that differs is no call."""
+    from zllm.dialects.derived.ids import written_id
+
+    solar = derivations["upstage-Solar-Open-100B"].dialect
+    written = ('<|tool_calls|><|tool_call:begin|>zq7<|tool_call:name|>search<|tool_call:args|>{"query": "x"}'
+               '<|tool_call:end|>')
+    (got,) = _events_of(solar, written).tool_calls
+    assert (written_id(got.id), got.name, json.loads(got.arguments)) == ("zq7", "search", {"query": "x"})
+    prompt = solar.render(Conversation((USER, Message("assistant", "", tool_calls=(got,)),
+                                        Message("tool", "r", tool_call_id=got.id, name="search")), TOOLS))
+    assert written + "<|calls|>" in prompt
+    muse = derivations["muse-glimmer"].dialect
+    call = ' to=search<|message|><atem:function_calls>\n<atem:invoke name="{}">\n<atem:parameter name="query">x' \
+           '</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+    assert [c.name for c in _events_of(muse, call.format("search")).tool_calls] == ["search"]
+    assert not _events_of(muse, call.format("get_weather")).tool_calls
+
+
+def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
+    """Command R7B (`enable_thinking` on: `<|START_RESPONSE|>` text against `<|START_ACTION|>` calls) numbers its
+    calls before the name (`"tool_call_id": "0", "tool_name": "NAME"`): literals holding the `0` and the `1` would
+    read two calls and no third, so the template is not described."""
+    from tests.support.template_survey import markers_of
+
+    source = templates["CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
+    from zllm.dialects.derived.jinja import JinjaChatTemplate
+    from zllm.dialects.derived.probe import NotDerivable, derive_format
+
+    template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    with pytest.raises(NotDerivable, match="index is written before its name"):
+        derive_format(template, markers_of(source), enable_thinking=True)
+
+
+def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
+    """GigaChat 3 ends a turn of text with `<|message_sep|>` and opens its call with it
+    (`<|message_sep|>\\n\\nfunction call<|role_sep|>\\n{...}`): the marker never stops generation (the model's EOS
+    ends the turn); after text it closes the text (dropped, with the template's `\\n\\n`), and the fence lets the
+    turn end there or go on into a call."""
+    dialect = _derived(derivations, "GigaChat3-10B-A1.8B")
+    assert dialect.continues_turn == ("<|message_sep|>",) and "<|message_sep|>" not in dialect.end_of_turn
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    for written in ("Sunny, 21 C.<|message_sep|>", "Sunny, 21 C.<|message_sep|>\n\n"):
+        events = assert_split_invariant(make, written, tokenizer=stand_in[0], groupings=20)
+        assert _as_message(events) == Message("assistant", "Sunny, 21 C."), written
+    matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False), stand_in)
+    tokens = stand_in[1].tokenize_str("Sunny, 21 C.<|message_sep|>", parse_special=True)
+    assert matcher.consume_tokens(tokens) and matcher.is_accepting()
+    call = '\n\nfunction call<|role_sep|>\n{"name": "search", "arguments": {"query": "x"}}'
+    rest = stand_in[1].tokenize_str(call, parse_special=True)
+    assert matcher.validate_tokens(rest) == len(rest)
+    # the load check holds, and its sample is the call alone (cut at the marker that closes it)
+    from zllm.dialects.round_trip import check_round_trip
+
+    check = check_round_trip(dialect, None, encode=list, end_texts=("</s>",))
+    assert check.held and check.sample.startswith("<|message_sep|>") and check.sample.endswith('"Paris"}}')

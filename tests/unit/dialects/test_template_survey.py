@@ -26,10 +26,6 @@ NOT_HOLDING = {
     # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
     # JSON `{"tool_name": ..., "parameters": {...}}`
     "CohereForAI-c4ai-command-r-plus-tool_use",
-    # opens a call with the text turn's end marker (`<|message_sep|>` then a `function call` role)
-    "GigaChat3-10B-A1.8B",
-    # a text turn opens with a recipient (`all\n`, ` to=user<|message|>`, `<|content|>`) calls do not have
-    "meetkai-functionary-medium-v3.2", "muse-glimmer", "upstage-Solar-Open-100B",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template

@@ -54,11 +54,14 @@ class DerivedDialect(Dialect):
         # each literal cut at its special markers: the fence names an added token by id, text by its bytes
         self.markup = tuple(dict.fromkeys(piece for f in formats for literal in f.literals()
                                           for piece in split_markers(literal, tuple(markers)) if piece))
+        # a turn end that opens the calls too (GigaChat 3's `<|message_sep|>`) never stops generation: the model's
+        # EOS ends such a turn
+        self.continues_turn = tuple(dict.fromkeys(f.turn_end for f in formats if f.end_opens_calls))
         # the turn's end, and the marker alone where whitespace precedes it (Reka Edge's `\n\n<sep>`): generation
         # stops at the marker's token (the parser drops the whitespace before it)
         self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end,
                                                                                 _marker_after_space(f.turn_end))
-                                               if end))
+                                               if end and end not in self.continues_turn))
         self.supports_thinking = bool(self.switched) or fmt.reasons
         self.thinking_default = thinking_default if self.switched else fmt.reasons
 

@@ -27,6 +27,10 @@ results follow in the same model turn). `text_after_calls`: the template writes 
 the generation prompt itself opens the reasoning block (the model starts inside it). `content_lead`: whitespace the
 template writes after the generation prompt before any content or call (Poolside Laguna XS: `</think>` ends the
 prompt, the turn goes on `\n`): framing, not text, and the separator before a bare JSON call (bare_json.py).
+`text_lead`: what the template opens a turn of text with and a turn of calls does not (Solar Open's `<|content|>`
+against `<|tool_calls|>`, functionary v3.2's recipient `all\n` against the call's `NAME\n`): framing, dropped; the
+turn's first characters tell text from calls. `text_arguments`: the template takes a call's arguments as JSON text,
+not as an object (functionary v3.2 concatenates them).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ SLOTS = (ID_SLOT, INDEX_SLOT)
 # stand-ins inside a tagged format's parameter literals: the parameter's key (in `param_close`), the value's
 # type word (in `param_mid`)
 KEY_SLOT, TYPE_SLOT = "\x02", "\x03"
+# the call's name written again, inside `name_close` (muse-glimmer's `to=NAME<|message|>...<atem:invoke name="NAME">`)
+NAME_SLOT = "\x04"
 STRICT_ID = "[A-Za-z0-9]{9}"  # Mistral's templates refuse any other id
 
 
@@ -58,6 +64,8 @@ class CallFormat:
     param_close: str = ""
     content_sep: str = ""
     content_lead: str = ""
+    text_lead: str = ""
+    text_arguments: bool = False
     think_open: str = ""
     think_close: str = ""
     gen_in_think: bool = False
@@ -109,6 +117,13 @@ class CallFormat:
     id_pattern: str = ""
 
     @property
+    def end_opens_calls(self) -> bool:
+        """The turn's end marker opens the calls too (GigaChat 3's `<|message_sep|>` then `\\n\\nfunction
+        call<|role_sep|>`): it cannot stop the turn (the model's EOS does); after text it is the text's closing
+        framing (`text_close`)."""
+        return bool(self.turn_end) and (self.section_open + self.call_open).startswith(self.turn_end)
+
+    @property
     def python_constants(self) -> bool:
         return self.constants.startswith("python")
 
@@ -139,7 +154,7 @@ class CallFormat:
         parts = (self.section_open, self.call_open, self.name_close, self.call_close, self.call_sep,
                  self.section_close, self.param_open, self.param_mid, self.param_close, self.think_open,
                  self.think_close, self.quote_open, self.quote_close, self.wrap_open, self.wrap_close,
-                 self.bare_call_close, self.text_close)
+                 self.bare_call_close, self.text_close, self.text_lead)
         return tuple(dict.fromkeys(piece for p in parts for piece in split_slot(p) if piece))
 
     def close_of(self, key: str) -> str:
@@ -164,12 +179,12 @@ class CallFormat:
                 else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation
                 else f"K{self.param_mid}{self.quote_open}V{self.quote_close}" if self.kwargs else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
-        return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0")
+        return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0").replace(NAME_SLOT, "NAME")
 
 
 def split_slot(literal: str) -> tuple[str, str]:
     """`literal` around its slot: (before, after); (literal, "") without one."""
-    for slot in (*SLOTS, KEY_SLOT, TYPE_SLOT):
+    for slot in (*SLOTS, KEY_SLOT, TYPE_SLOT, NAME_SLOT):
         if slot in literal:
             head, _, tail = literal.partition(slot)
             return head, tail

@@ -23,7 +23,7 @@ import json
 from zllm.canonical import FunctionTool
 from zllm.dialects.bare_json import bare_call_rules, bare_opening_regex, reads_bare
 from zllm.dialects.base import CANONICAL_JSON_GUIDANCE, FenceGrammar, FenceSpec, MarkupTokens
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, SLOTS, CallFormat
+from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, NAME_SLOT, SLOTS, CallFormat, split_slot
 from zllm.dialects.derived.kwargs_grammar import kwargs_calls
 from zllm.dialects.derived.param_grammar import typed_value, xml_value
 from zllm.dialects.glm.format import is_string_schema, param_schemas
@@ -76,8 +76,10 @@ class _Writer:
             schema = {**spec.response_schema, "x-guidance": CANONICAL_JSON_GUIDANCE}
             self.rule("json_answer", f"%json {json.dumps(schema, ensure_ascii=False)}")
             text = "json_answer"
+        # the text's own lead (format.py `text_lead`: Solar Open's `<|content|>`), which calls do not open with
+        lead = self.lits(f.text_lead) + " " if f.text_lead else ""
         if not tools:
-            return text if text == "json_answer" else f"{text}?"
+            return f"{lead}{text}" if text == "json_answer" else f"{lead}{text}?"
         if f.kwargs:  # each call's rules run on to the section's end (kwargs_grammar.py)
             self.rule("calls", kwargs_calls(self, tools))
         else:
@@ -88,17 +90,17 @@ class _Writer:
         if spec.choice.mode in ("required", "tool"):
             return section
         if text == "json_answer":
-            return f"(json_answer | {section})"
+            return f"({lead}json_answer | {section})"
         if self.bare_tools:  # one call written as a bare JSON object, the whole answer
             for name, body in bare_call_rules(tools, framing=f.content_lead).items():
                 self.rule(name, body)
             closed = f" ({self.lits(f.text_close)})?" if f.text_close else ""  # the text's framing (Kimi K3)
-            section = f"bare_call{closed} | {section}"
+            section = f"{lead}bare_call{closed} | {section}"
         if not f.text_with_calls or f.text_after_calls:
             # text beside calls would be lost from the next turn's prompt, or moved (Gemma 4 writes it after the
             # calls' results once they follow): a turn holds text or calls
-            return f"({text}? | {section})"
-        return f"({text}? | {section} | {self.text_then_section()})"
+            return f"({lead}{text}? | {section})"
+        return f"({lead}{text}? | {section} | {lead}{self.text_then_section()})"
 
     def text_then_section(self) -> str:
         f = self.f
@@ -121,8 +123,9 @@ class _Writer:
         """`tool_<i>`: from the name to the call's closer (the opener is written by the caller)."""
         f = self.f
         name = f"tool_{index}"
-        if f.tagged:
-            parts = [self.lits(tool.name + f.name_close), *self.params(index, tool), self.lits(f.call_close)]
+        if f.tagged:  # the name, and again where the template repeats it (muse-glimmer)
+            named = tool.name + f.name_close.replace(NAME_SLOT, tool.name)
+            parts = [self.lits(named), *self.params(index, tool), self.lits(f.call_close)]
         elif f.notation:
             parts = [self.lits(tool.name + f.name_close), self.notation_object(index, tool), self.lits(f.call_close)]
         else:
@@ -285,7 +288,10 @@ class _Writer:
     def free_text(self, *, nonempty: bool) -> str:
         """Text that spells none of the format's literals' markers and none of its call openers."""
         f = self.f
-        banned = [p for p in (f.section_open + f.call_open, f.think_close, f.call_open) if p.strip()]
+        # each opener up to the call's id where it holds one (Solar Open's); with the text's separator before it
+        # where the calls open with no marker of their own (functionary v3.2's `>>>`)
+        openers = (f.section_open + f.call_open, f.call_open, f.content_sep + f.section_open + f.call_open)
+        banned = [p for p in (*(split_slot(o)[0] for o in openers), f.think_close) if p.strip()]
         banned += [p for p in self.singles]
         body = "/(?s:.+)/" if nonempty else ANY
         alternatives = "|".join(_regex(b) for b in dict.fromkeys(banned))

@@ -15,7 +15,7 @@ from enum import Enum, auto
 from zllm.canonical import Event, FunctionTool, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from zllm.dialects.bare_json import BareCallReader, reads_bare
 from zllm.dialects.base import StreamParser
-from zllm.dialects.derived.format import ID_SLOT, CallFormat, split_slot
+from zllm.dialects.derived.format import ID_SLOT, NAME_SLOT, CallFormat, split_slot
 from zllm.dialects.derived.ids import with_written_id
 from zllm.dialects.derived.kwargs import KwargsCursor
 from zllm.dialects.derived.notation import NotationCursor
@@ -55,13 +55,17 @@ class DerivedParser(StreamParser):
         self.f = fmt
         self._tools = {tool.name: tool for tool in tools}
         self._new_call_id = new_call_id
-        self._openers = tuple(dict.fromkeys(o for o in (fmt.content_sep + fmt.section_open + fmt.call_open,
-                                                         fmt.section_open + fmt.call_open) if o))
+        # up to the call's id where the opener holds it (Solar Open's `<|tool_call:begin|>ID<|tool_call:name|>`)
+        self._openers = tuple(dict.fromkeys(split_slot(o)[0] for o in (
+            fmt.content_sep + fmt.section_open + fmt.call_open, fmt.section_open + fmt.call_open) if o))
+        self._opened = ""  # the opener the open call's name follows, given back as text if it is no call
         self._events: list[Event] = []
         self._slot = ""  # the id / index text read so far
         self._started = False  # the open call's ToolCallStart is out (held until its written id is read)
-        # the literal that holds the slot: "name_close", "call_close" or ""
-        self._slot_in = next((n for n in ("name_close", "call_close") if fmt.slot and fmt.slot in getattr(fmt, n)), "")
+        # the literal that holds the slot: "name_close", "call_close", "call_open" or ""
+        # (the name written again, NAME_SLOT, is read as a slot in name_close and must repeat the name)
+        self._slot_in = "name_close" if NAME_SLOT in fmt.name_close else next(
+            (n for n in ("name_close", "call_close", "call_open") if fmt.slot and fmt.slot in getattr(fmt, n)), "")
         self._scanner = _PatientScanner(())
         self._start = ""
         self._state = _State.START
@@ -92,6 +96,9 @@ class DerivedParser(StreamParser):
         head = split_markers(fmt.turn_end)[0] if fmt.turn_end else ""
         self._end_head = head if head != fmt.turn_end and head.isspace() else ""
         self._end_held = ""
+        # the text's own lead (format.py `text_lead`): dropped where the turn opens with it; where it does not,
+        # the turn opens with its calls
+        self._text_lead_open = bool(fmt.text_lead)
 
     @property
     def calls_completed(self) -> int:
@@ -108,8 +115,8 @@ class DerivedParser(StreamParser):
             start, self._start = self._start, ""
             self._go(_State.TEXT)
             self._run(start)
-        if self._lead_open and self._lead_seen:  # a part of the lead, and the output ended: text
-            seen, self._lead_seen, self._lead_open = self._lead_seen, "", False
+        if (self._lead_open or self._text_lead_open) and self._lead_seen:  # a part of a lead, then the end: text
+            seen, self._lead_seen, self._lead_open, self._text_lead_open = self._lead_seen, "", False, False
             self._run(seen)
         if self._state is _State.BARE:
             self._events += self._bare.finish()
@@ -120,16 +127,21 @@ class DerivedParser(StreamParser):
         held = "".join(piece.text for piece in self._scanner.flush())
         state = self._state
         if state in (_State.TEXT, _State.AFTER_CALL):
+            close = self.f.text_close
+            if close and held.startswith(close) and not held[len(close):].strip():
+                held = ""  # the text's closing framing, held while it could open a call (GigaChat 3): dropped
             self._text(held)
         elif state is _State.REASONING:
             self._reasoning(held)
         elif state is _State.NAME:
-            self._text(self._openers[-1] + self._name + held)
+            self._text(self._opened + self._name + held)
         elif state is _State.JSON_ARGS:
             self._emit_args(held)
             self._end_call(completed=False)
         elif state in (_State.NOTATION_ARGS, _State.KWARGS_ARGS):
             self._end_call(completed=False)
+        elif state is _State.SLOT and self._slot_in == "call_open":  # no call yet: an opener and its text
+            self._text(self._opened + self._slot + held)
         elif state is _State.SLOT:
             self._end_call(completed=False)
             self._text(self._slot + held)
@@ -157,6 +169,9 @@ class DerivedParser(StreamParser):
         while pending:
             if self._state is _State.TEXT and self._lead_open:
                 pending = self._in_lead(pending)
+                continue
+            if self._state is _State.TEXT and self._text_lead_open:
+                pending = self._in_text_lead(pending)
                 continue
             if self._state is _State.TEXT and not self._content_begun:
                 self._content_begun = True
@@ -202,7 +217,7 @@ class DerivedParser(StreamParser):
             _State.TYPE: (split_slot(f.param_mid)[1],),
             _State.VALUE: (f.close_of(getattr(self, "_key", "")),),
             _State.AFTER_PARAM: (f.param_open, f.call_close),
-            _State.AFTER_CALL: tuple(t for t in (f.call_sep + f.call_open, f.section_close) if t),
+            _State.AFTER_CALL: tuple(t for t in (split_slot(f.call_sep + f.call_open)[0], f.section_close) if t),
         }.get(state, ())
         self._scanner.tags = tuple(tag for tag in self._scanner.tags if tag)  # an empty literal is no tag
 
@@ -238,8 +253,7 @@ class DerivedParser(StreamParser):
             if tag is not None and tag == self.f.text_close and tag not in self._openers:
                 return ""  # the text's closing framing (Kimi K3): dropped
             if tag is not None:
-                self._name = ""
-                self._go(_State.NAME)
+                self._open_call(tag)
             return ""
         return {_State.NAME: self._in_name, _State.CALL_CLOSE: self._in_call_close, _State.KEY: self._in_key,
                 _State.TYPE: self._in_type,
@@ -255,6 +269,26 @@ class DerivedParser(StreamParser):
             return ""
         self._lead_seen, self._lead_open = "", False
         return seen.removeprefix(lead)
+
+    def _in_text_lead(self, text: str) -> str:
+        """The turn's opening, while it may be the text's own lead (format.py `text_lead`): dropped, and the turn
+        is text; a turn that opens otherwise opens with its calls (with the name itself where the calls have no
+        opener of their own: functionary v3.2's `NAME\\n{...}` against `all\\n` text)."""
+        lead, seen = self.f.text_lead, self._lead_seen + text
+        if lead.startswith(seen) and seen != lead:
+            self._lead_seen = seen
+            return ""
+        self._lead_seen, self._text_lead_open = "", False
+        if seen.startswith(lead):  # the text follows (or a bare JSON call, written as the text: bare_json.py)
+            return seen[len(lead):]
+        if not (self.f.section_open + self.f.call_open):
+            self._open_call("")
+        return seen
+
+    def _open_call(self, opener: str) -> None:
+        """An opener was read: the name follows, or first the call's id (format.py `slot` in `call_open`)."""
+        self._opened, self._name, self._slot = opener, "", ""
+        self._go(_State.SLOT if self._slot_in == "call_open" else _State.NAME)
 
     def _in_bare(self, text: str) -> str:
         """The content's opening object, read by the bare reader; once it ended, what followed is read here."""
@@ -276,7 +310,7 @@ class DerivedParser(StreamParser):
             return ""
         name = self._name
         if tag is None or not name or any(c.isspace() for c in name) or len(name) > _NAME_LIMIT:
-            self._text(self._openers[-1] + name)  # not a call after all
+            self._text(self._opened + name)  # not a call after all
             self._go(_State.TEXT)
             return tag or ""
         self._call_index += 1
@@ -284,6 +318,8 @@ class DerivedParser(StreamParser):
         self._args = ""
         if not self._slot_in:
             self._start_call("")
+        elif self._slot_in == "call_open":  # the id was read before the name
+            self._start_call(self._slot if self.f.slot == ID_SLOT else "")
         if self._slot_in == "name_close":
             self._slot = ""
             self._go(_State.SLOT)
@@ -388,6 +424,13 @@ class DerivedParser(StreamParser):
         if tag is None and len(self._slot) <= _NAME_LIMIT:
             return ""
         written = self._slot
+        if self._slot_in == "call_open":  # before the name: no call yet
+            return self._slot_read(written, tag)
+        if NAME_SLOT in self.f.name_close and written != self._name:  # the name again, not the same: no call
+            self._call_index -= 1
+            self._text(self._opened + self._name + split_slot(self.f.name_close)[0] + written)
+            self._go(_State.TEXT)
+            return tag or ""
         if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
             self._end_call(completed=False)  # not an id: the call ends there, the rest is text
             self._text(written)
@@ -402,6 +445,17 @@ class DerivedParser(StreamParser):
         else:
             self._end_call(completed=True)
             self._go(_State.AFTER_CALL)
+        return ""
+
+    def _slot_read(self, written: str, tag: str | None) -> str:
+        """The id before a call's name: the name follows its closer; anything else was text."""
+        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
+            self._text(self._opened + written)
+            self._go(_State.TEXT)
+            return tag or ""
+        self._opened += written + tag
+        self._name = ""
+        self._go(_State.NAME)
         return ""
 
     def _in_key(self, text: str, tag: str | None) -> str:
@@ -469,8 +523,7 @@ class DerivedParser(StreamParser):
         if tag == self.f.section_close:
             self._go(_State.TEXT)
         else:
-            self._name = ""
-            self._go(_State.NAME)
+            self._open_call(tag)
         return ""
 
     def _end_param(self) -> None:

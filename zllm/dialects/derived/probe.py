@@ -16,7 +16,16 @@ import re
 from collections.abc import Iterable
 
 from zllm.dialects.derived import kwargs, notation
-from zllm.dialects.derived.format import ID_SLOT, INDEX_SLOT, KEY_SLOT, SLOTS, STRICT_ID, CallFormat
+from zllm.dialects.derived.format import (
+    ID_SLOT,
+    INDEX_SLOT,
+    KEY_SLOT,
+    NAME_SLOT,
+    SLOTS,
+    STRICT_ID,
+    CallFormat,
+    split_slot,
+)
 from zllm.dialects.derived.jinja import JinjaChatTemplate
 from zllm.dialects.derived.param_probes import json_kind as _json_kind
 from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
@@ -89,15 +98,30 @@ class _Prober:
         self.template = template
         self.variables = variables or {}
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        self.text_arguments = False  # the template takes arguments as JSON text (format.py `text_arguments`)
+        self._text_lead = ""
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
 
     def _render(self, messages: list[dict], *, generation: bool) -> str:
         try:
-            return self.template(messages, tools=PROBE_TOOLS, add_generation_prompt=generation, **self.variables)
+            return self.template(_as_text(messages) if self.text_arguments else messages, tools=PROBE_TOOLS,
+                                 add_generation_prompt=generation, **self.variables)
         except Exception as exc:  # jinja errors, raise_exception(...), a template that insists on its own shape
-            raise NotDerivable(f"the template fails on a probe conversation: {type(exc).__name__}: {exc}") from exc
+            failure = exc
+        if not self.text_arguments and _as_text(messages) != messages:
+            # a template that takes the arguments as JSON text (functionary v3.2 writes `'\n' + arguments`)
+            try:
+                text = self.template(_as_text(messages), tools=PROBE_TOOLS, add_generation_prompt=generation,
+                                     **self.variables)
+            except Exception:  # noqa: BLE001 - it fails either way: the first failure says why
+                pass
+            else:
+                self.text_arguments = True
+                return text
+        raise NotDerivable(f"the template fails on a probe conversation: {type(failure).__name__}: {failure}") \
+            from failure
 
     def turn(self, **assistant) -> str:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
@@ -125,6 +149,7 @@ class _Prober:
             raise NotDerivable("the template does not write an assistant's text")
         lead, tail = plain.split(TEXT, 1)
         self._tail = tail
+        lead = self._split_text_lead(lead, self.turn(tool_calls=[call(NAME_A, {K1: V1})]))
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         if NAME_A not in one:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
@@ -143,7 +168,22 @@ class _Prober:
         if lead and not lead.strip() and not fmt.reasons:
             # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
             fmt = _replace(fmt, content_lead=lead)
-        return fmt
+        if fmt.end_opens_calls and not fmt.text_close:
+            fmt = _replace(fmt, text_close=fmt.turn_end)  # GigaChat 3: after text, the marker closes it
+        return _replace(fmt, text_lead=self._text_lead, text_arguments=self.text_arguments)
+
+    def _split_text_lead(self, lead: str, calling: str) -> str:
+        """The lead a turn of calls shares with a turn of text; the rest of the text's lead is the text's own
+        (format.py `text_lead`: Solar Open's `<|content|>`, functionary v3.2's `all\\n`). Where they part inside a
+        recipient (muse-glimmer's ` to=user<|message|>` against ` to=NAME<|message|>`), the whole lead is the
+        text's and the calls open with their own ` to=`."""
+        if calling.startswith(lead):
+            return lead
+        shared = self._common_prefix(lead, calling)
+        if not any(end == len(shared) for _, end in self._marker_spans(lead)):
+            shared = ""
+        self._text_lead = lead[len(shared):]
+        return shared
 
     def _with_history_ids(self, fmt: CallFormat) -> CallFormat:
         """A template that writes each call's id once results follow, not in the turn the model writes (Apriel
@@ -175,11 +215,15 @@ class _Prober:
                  for slot in SLOTS if slot in literal}
         if not slots:
             return fmt
-        held = [name for name in ("name_close", "call_close") if any(s in getattr(fmt, name) for s in slots)]
+        # before the name (Solar Open's `<|tool_call:begin|>ID<|tool_call:name|>`), after it, or after the arguments
+        held = [name for name in ("name_close", "call_close", "call_open")
+                if any(s in getattr(fmt, name) for s in slots)]
         if len(slots) > 1 or len(held) != 1 or (fmt.tagged and held != ["name_close"]) or any(
-                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held):
+                getattr(fmt, name).count(next(iter(slots))) != 1 for name in held) or (
+                held == ["call_open"] and not split_slot(fmt.call_open)[0]):
             raise NotDerivable("the call's id or index is written where zllm cannot read it back (only once, "
-                               "after the name, or after the arguments of a JSON call)")
+                               "after the call's opening marker, after the name, or after the arguments of a JSON "
+                               "call)")
         slot = next(iter(slots))
         pattern = ""
         if slot == ID_SLOT:
@@ -270,7 +314,8 @@ class _Prober:
         v1 = _find(two_params, V1, k1)
         k2 = _find(two_params, K2, v1)
         v2 = _find(two_params, V2, k2)
-        x = two_params[n + len(NAME_A):k1]  # name_close + param_open
+        # name_close + param_open, the name written again as its slot (muse-glimmer's `<atem:invoke name="NAME">`)
+        x = two_params[n + len(NAME_A):k1].replace(NAME_A, NAME_SLOT)
         # param_close + param_open, the key the closer names (MiniMax M3's `NS</KEY>`) as its slot
         y = two_params[v1 + len(V1):k2].replace(K1, KEY_SLOT)
         param_open = self._common_suffix(x, y)
@@ -286,7 +331,7 @@ class _Prober:
         one = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
         after_one = one[_find(one, V1) + len(V1) + len(close(K1)):]
         none = self._body(self.turn(tool_calls=[call(NAME_A, {})]), lead)
-        after_none = none[_find(none, NAME_A) + len(NAME_A):]
+        after_none = none[_find(none, NAME_A) + len(NAME_A):].replace(NAME_A, NAME_SLOT, 1)
         if after_none != name_close + after_one:
             raise NotDerivable("a call without arguments is not written as the same call minus its parameters")
         parts = {"param_open": param_open, "param_mid": param_mid, "param_close": param_close}
@@ -299,10 +344,11 @@ class _Prober:
         two = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1}), call(NAME_B, {KN: VN}, 1)]), lead)
         first_end = _find(two, V1) + len(V1) + len(draft.close_of(K1))
         n2 = _find(two, NAME_B, first_end)
-        second_close = two[n2 + len(NAME_B):].partition(draft.param_open + KN)[0]
+        second_close = two[n2 + len(NAME_B):].partition(draft.param_open + KN)[0].replace(NAME_B, NAME_SLOT, 1)
         if second_close != name_close:
             name_close = _indexed(name_close, second_close)  # Kimi K3's `index="1"` / `index="2"`
         number = f"{second_close}{draft.param_open}{KN}{draft.mid_of('integer')}{VN}{draft.close_of(KN)}"
+        number = number.replace(NAME_SLOT, NAME_B)  # as written: the name again where the template repeats it
         if not two[n2 + len(NAME_B):].startswith(number):
             raise NotDerivable("a number parameter is not written as its JSON text in the same markup")
         fmt = self._frame(one[:_find(one, NAME_A)], two[first_end:n2], after_one,
@@ -395,6 +441,11 @@ class _Prober:
         if after_two != after:
             raise NotDerivable("the last of two calls does not end the turn like a single call")
         call_open = self._common_suffix(before, mid)
+        cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
+        if cut_before[-1:].isdigit() and cut_mid[-1:].isdigit():
+            # `"tool_call_id": "0", "tool_name": "` / `"1", ...`: an index before the name, which the literals
+            # would otherwise hold as text (a third call would not read)
+            raise NotDerivable("the call's index is written before its name")
         close_and_sep = mid[:len(mid) - len(call_open)]
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
@@ -450,6 +501,8 @@ class _Prober:
             if at < 0 or turn != without[:at] + TEXT + without[at:]:
                 raise NotDerivable("text beside calls is written neither before nor right after them")
             return _replace(fmt, text_after_calls=True)
+        if self._text_lead and turn.startswith(self._text_lead + TEXT):
+            turn = turn[len(self._text_lead):]  # the text's own lead (functionary v3.2's `all\n`), then the text
         if not turn.startswith(TEXT) or opener not in turn:
             raise NotDerivable("text before calls is not written as the text, then the calls")
         return _replace(fmt, content_sep=turn[len(TEXT):turn.index(opener)])
@@ -530,6 +583,18 @@ def _indexed(first: str, second: str) -> str:
         if len(differ) == 1 and (first[differ[0]], second[differ[0]]) in (("0", "1"), ("1", "2")):
             return first[:differ[0]] + INDEX_SLOT + first[differ[0] + 1:]
     raise NotDerivable("the second call's name and arguments are not joined like the first's")
+
+
+def _as_text(messages: list[dict]) -> list[dict]:
+    """The conversation with each call's arguments as their JSON text."""
+    def call_as_text(tool_call: dict) -> dict:
+        arguments = tool_call["function"]["arguments"]
+        if isinstance(arguments, str):
+            return tool_call
+        return {**tool_call, "function": {**tool_call["function"], "arguments": _json_text(arguments)}}
+
+    return [{**m, "tool_calls": [call_as_text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
 
 
 def _leading_marker(lead: str, prober: _Prober) -> str:

@@ -52,7 +52,8 @@ def message_dict(message: Message, fmt: CallFormat | None = None, *, bare: bool 
     if message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
     if calls:
-        out["tool_calls"] = [{**call_dict(call), "id": ids(call.id)} for call in calls]
+        text = fmt is not None and fmt.text_arguments
+        out["tool_calls"] = [{**call_dict(call, as_text=text), "id": ids(call.id)} for call in calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = ids(message.tool_call_id)
     if message.name is not None:
@@ -60,11 +61,16 @@ def message_dict(message: Message, fmt: CallFormat | None = None, *, bare: bool 
     return out
 
 
-def call_dict(call: ToolCall) -> dict:
+def call_dict(call: ToolCall, *, as_text: bool = False) -> dict:
+    """`as_text`: the template takes the arguments as JSON text (format.py `text_arguments`): given in the
+    canonical spelling, as a template's `tojson` writes an object."""
     try:
         arguments = json.loads(call.arguments)
     except ValueError:
         arguments = call.arguments  # not JSON: given to the template as the text the model wrote
+    else:
+        if as_text:
+            arguments = json.dumps(arguments, ensure_ascii=False)
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 
 
