@@ -243,6 +243,7 @@ class ConstantModel:
     emitted token must then be an independent draw from that row's p, whatever was drafted or rejected."""
 
     step_rows = 1
+    verify_rows = 1 << 30
 
     def __init__(self, row: torch.Tensor):
         self.row = row
