@@ -153,7 +153,7 @@ class LlamaCppEngine:
         self._top: tuple[int, int] | None = None  # exact: (sequence id, first position) when the last decode
         #                                           placed one sequence's cells only: the pool's highest ones
         self.compactions = 0
-        self._pads = settings.padded  # whether a lone token gets a pad row (`_pad`)
+        self._rows_agree = False  # measured: a verify's rows give 1-token decoding's bits with no pad row
         self.bytes_per_token = self._measure_bytes_per_token()
         # the most tokens one decode may verify and still give 1-token decoding's bits (speculation's drafts)
         self.verify_rows = TILED_ATTENTION_ROWS - 1 if self._pads else UNBOUNDED_ROWS
@@ -213,6 +213,11 @@ class LlamaCppEngine:
         return self.cells * self.bytes_per_token
 
     @property
+    def _pads(self) -> bool:
+        """Whether a lone token gets a pad row (`_pad`): when padded, unless the kernels agree without one."""
+        return self.settings.exact or (self.settings.uniform_rows and not self._rows_agree)
+
+    @property
     def step_rows(self) -> int:
         """The fewest tokens a step computes: a lone token gets a pad row when padded."""
         return 2 if self._pads else 1
@@ -247,14 +252,15 @@ class LlamaCppEngine:
         if threads > 1 and self.settings.kv_type in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
             return
         lc.llama_set_n_threads(self.ctx, 1, 1)
-        self._pads = False
+        self._rows_agree = True  # decode unpadded while measuring
         try:
             rows = agreeing_rows(self, CHECKED_ROWS)
         finally:
             lc.llama_set_n_threads(self.ctx, threads, threads)
+            self._rows_agree = False
         if rows < 2:
-            self._pads = True
             return
+        self._rows_agree = True
         self.verify_rows = rows
         self._free_ids.append(self._pad_id)  # no pad tokens: their sequence id serves requests
         self._pad_id = None
