@@ -13,7 +13,7 @@ import pytest
 lc = pytest.importorskip("llama_cpp")
 
 from tests.unit.engine.test_llamacpp_speculative_greedy import PROMPTS, Echo, plain, speculative  # noqa: E402
-from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
+from zllm.engine.llamacpp.backend import CHECKED_ROWS, ContextSettings, LlamaCppEngine  # noqa: E402
 from zllm.engine.llamacpp.row_agreement import agreeing_rows  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def test_f16_weights_need_the_pad(tiny_gguf_path) -> None:
 
 def test_quantized_weights_need_no_pad(engines) -> None:
     speculating, plain_server = engines
-    assert speculating.step_rows == 1 and speculating.verify_rows == 13
+    assert speculating.step_rows == 1 and speculating.verify_rows == CHECKED_ROWS
     assert speculating.free_sequences == plain_server.free_sequences  # the pad's sequence id went back
 
 

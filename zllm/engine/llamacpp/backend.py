@@ -83,8 +83,11 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 # query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
 TILED_ATTENTION_ROWS = 64
 UNBOUNDED_ROWS = 1 << 30  # verify_rows when no exactness is promised (no uniform_rows)
-# rows the load-time check verifies at most (row_agreement.py): SpeculationConfig.max_draft + 1
-CHECKED_ROWS = 13
+# rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
+# with the square; ~2-5 s for 9 on the 135M default at 1 thread on a loaded machine): drafts of 8 tokens at most
+# where nothing pads. Kernels that agree without a pad are vec_dot-like: their verify costs nearly a decode step
+# per row (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little there
+CHECKED_ROWS = 9
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 
 
