@@ -84,9 +84,9 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 TILED_ATTENTION_ROWS = 64
 UNBOUNDED_ROWS = 1 << 30  # verify_rows when no exactness is promised (no uniform_rows)
 # rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
-# with the square; ~2-5 s for 9 on the 135M default at 1 thread on a loaded machine): drafts of 8 tokens at most
-# where nothing pads. Kernels that agree without a pad are vec_dot-like: their verify costs nearly a decode step
-# per row (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little there
+# with the square; 9 take the 135M Q8_0 file's load from 0.7 to 5.5 s at 1 thread on a loaded machine): drafts
+# of 8 tokens at most where nothing pads. The kernels that agree without a pad batch poorly: a verify costs
+# 0.5-0.9 of a decode step per row there (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little
 CHECKED_ROWS = 9
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 

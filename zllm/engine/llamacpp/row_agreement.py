@@ -3,8 +3,9 @@
 ggml picks a CPU kernel by a product's shape and the weights' type, and kernels sum in different orders:
 - F16 / BF16 / F32 weights: a 1-row product takes vec_dot, 2+ rows llamafile's tinyBLAS (compiled in; no
   runtime switch: the CPU backend's `use_ref` does not reach it): every verify row differs in its last bits.
-- Q4_1, Q5_1 (and the Q8_0 output head): vec_dot at any row count below the tiled path; tinyBLAS's Q8_0
-  kernel sums as vec_dot does. Measured on SmolLM2-135M Q4_1: 2..13 rows agree.
+- Q4_1: vec_dot at any row count; Q8_0 (and Q5_0): tinyBLAS from 2 rows, but its kernel for them sums as
+  vec_dot does. Measured on SmolLM2-135M: 2..13 rows agree for its Q4_1 file (a Q8_0 output head) and for
+  the F16 file re-quantized to Q8_0.
 - K-quants: repacked on AVX2 (a 4-row gemm beside a 1-row gemv) and ggml's tiled kernel from 8 rows. Measured
   on a Q4_K_M file: 2..7 rows agree over Q8_0 cells, 2..3 over F16 cells.
 - attention over F16 cells: one query row over 512+ cells takes the KV-split kernel, split by thread at
