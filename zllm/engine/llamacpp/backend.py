@@ -84,7 +84,7 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 TILED_ATTENTION_ROWS = 64
 UNBOUNDED_ROWS = 1 << 30  # verify_rows when no exactness is promised (no uniform_rows)
 # rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
-# with the square; 9 take the 135M Q8_0 file's load from 0.7 to 5.5 s at 1 thread on a loaded machine): drafts
+# with the square; 9 take the 135M Q8_0 file's load from 0.8 to 5.7 s at 1 thread on a loaded machine): drafts
 # of 8 tokens at most where nothing pads. The kernels that agree without a pad batch poorly: a verify costs
 # 0.5-0.9 of a decode step per row there (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little
 CHECKED_ROWS = 9

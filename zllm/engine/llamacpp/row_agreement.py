@@ -19,6 +19,7 @@ random prompt finds them. The engine pads 1-token decodes only when fewer than 2
 
 from __future__ import annotations
 
+import llama_cpp as lc
 import numpy as np
 
 from zllm.engine.contract import Row
@@ -28,21 +29,33 @@ SPLIT_ATTENTION_CELLS = 512  # ggml's KV-split attention for one query row over 
 
 def agreeing_rows(engine, most: int) -> int:
     """The largest n <= `most` such that a verify of every row count 2..n gives, row by row, the logits 1-token
-    decoding gives (1: none does). `engine` decodes unpadded here; run on one thread (the caller's)."""
-    prompt_length = min(SPLIT_ATTENTION_CELLS + 64, engine.cells // 2)
+    decoding gives (1: none does). `engine` decodes unpadded here; run on one thread (the caller's). Checked over
+    64 cells first (F16 weights differ there already: a cheap answer), then over 512+ where the cells are F16 or
+    F32 (one query row's KV-split attention)."""
+    rows = _agreeing_rows_after(engine, 64, most)
+    if rows < 2 or engine.settings.kv_type not in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
+        return rows
+    return _agreeing_rows_after(engine, min(SPLIT_ATTENTION_CELLS + 64, engine.cells // 2), rows)
+
+
+def _agreeing_rows_after(engine, prompt_length: int, most: int) -> int:
     prompt = [(i * 7919) % min(engine.vocab_size, 5000) for i in range(prompt_length)]
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        tokens, alone = [], []
-        for _ in range(most + 1):
-            tokens.append(int(np.argmax(logits)))
-            logits = engine.step([Row(seq, [tokens[-1]])])[0]
-            alone.append(logits)
-        # alone[i] follows tokens[i]; a verify of tokens[1:1 + n] after tokens[0] gives alone[1:1 + n]
+        tokens, alone = [], []  # alone[i]: the logits after tokens[i], decoded one by one in `seq`
         for rows in range(2, most + 1):
-            engine.crop(seq, prompt_length + 1)
-            verified = engine.step([Row(seq, tokens[1:1 + rows], all_logits=True)])[0]
+            while len(tokens) < rows + 1:  # decoded as far as this verify needs (F16 weights stop at 2 rows)
+                tokens.append(int(np.argmax(logits)))
+                logits = engine.step([Row(seq, [tokens[-1]])])[0]
+                alone.append(logits)
+            # a verify of tokens[1:1 + rows] after tokens[0] must give alone[1:1 + rows]; in a sequence sharing
+            # seq's first cells, so seq's own cells stay those 1-token decoding wrote
+            verify = engine.share(seq, prompt_length + 1)
+            try:
+                verified = engine.step([Row(verify, tokens[1:1 + rows], all_logits=True)])[0]
+            finally:
+                engine.release(verify)
             if not np.array_equal(verified, np.stack(alone[1:1 + rows])):
                 return rows - 1
         return most
