@@ -3,11 +3,14 @@
     .venv/bin/python bench/speculative_llamacpp.py [MODEL_DIR] [--threads 1] [--new-tokens 300] [--turns ...]
 
 One engine (the default model: F16 weights, F16 cells) with ContextSettings.uniform_rows, as a speculating
-server loads it. Per turn, from the same prefilled prompt, greedy with the model's EOS ignored (exactly
---new-tokens tokens), timed after the prefill:
+server loads it: it pads 1-token decodes unless its kernels give a verify's rows 1-token decoding's bits
+without a pad (measured at load, engine/llamacpp/row_agreement.py: quantized weights such as the Q4_1 file
+of the default model; "pads" and "verify_rows" in the output). Per turn, from the same prefilled prompt, greedy
+with the model's EOS ignored (exactly --new-tokens tokens), timed after the prefill:
 
     plain        1-token decodes without the pad row: the server without --speculative
-    padded       1-token decodes with it: what every step of a speculating server costs when it drafts nothing
+    padded       1-token decodes as the speculating engine runs them (with the pad row, if it pads): what every
+                 step of a speculating server costs when it drafts nothing
     speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults;
                  a step with no draft verifies a 1-token guess in the pad row's place)
     no_guess     the same without the guess (a step with no draft is a padded 1-token step)
@@ -137,7 +140,8 @@ def greedy_speculative(engine, prompt: list[int], new_tokens: int, kind: type[Sp
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        config = SpeculationConfig(max_draft=62, max_backoff=0) if ngram_mod else SpeculationConfig()
+        config = (SpeculationConfig(max_draft=62, max_backoff=0, first_draft=62) if ngram_mod
+                  else SpeculationConfig())
         spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, config,
                     drafter=NgramTable(prompt) if ngram_mod else None)
         tokens: list[int] = []
@@ -193,6 +197,7 @@ def main() -> None:
                               "tokens_per_forward": round(args.new_tokens / max(table_spec.stats.steps, 1), 2)}}
                if args.ngram_mod else {}),
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),
+            "pads": engine.step_rows == 2, "verify_rows": engine.verify_rows,
             "model": model_dir.name, "threads": args.threads}), flush=True)
         if not identical:
             failed.append(f"{turn} at token {_first_diff(got, pad)}")

@@ -12,6 +12,8 @@
     engine.export_state(seq) / import_state(data)   a sequence as bytes and back (the SSD tier)
     engine.step_rows                         the fewest tokens a step computes (2: a lone token gets a pad row,
                                              which a 1-token speculative draft can take instead, for free)
+    engine.verify_rows                       the most tokens one row may feed and still get, after each, the
+                                             bits 1-token steps give (a speculative draft's limit + 1)
 
 Backends: `torch` (engine/torch/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
 `llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
@@ -67,6 +69,7 @@ class Engine(Protocol):
     backend: str
     device: Any  # torch.device the logits live on; None: numpy arrays in host memory
     step_rows: int  # the fewest tokens a step computes
+    verify_rows: int  # the most tokens a verify may feed and keep 1-token steps' bits
 
     def engine_thread(self, threads: int) -> AbstractContextManager: ...
 

@@ -54,9 +54,14 @@ class SpeculationConfig:
     # for consecutive failures (0: always draft). A verify forward over k + 1 tokens costs more than a decode
     # step on a CPU (matrix-vector becomes matrix-matrix), so drafting on text that is not an echo must back off.
     max_backoff: int = 16
+    # the draft's limit adapts (bench/speculative_llamacpp.py): first_draft tokens at first and after a draft that
+    # was not wholly accepted (or its accepted tokens + 1 if more), doubled after one that was, up to max_draft.
+    # A CPU's verify is compute-bound: 13 rows cost ~4x a 1-token step at 1 thread, so a long draft must be earned
+    first_draft: int = 2
 
     def __post_init__(self) -> None:
         assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram and self.max_backoff >= 0
+        assert self.first_draft >= 1
 
 
 class Drafter(Protocol):
@@ -184,8 +189,10 @@ class SpeculativeStep:
     _residual: Logits | None = field(init=False, default=None)
     _backoff: int = field(init=False, default=0)  # plain steps the last failed draft costs (doubles per failure)
     _skip: int = field(init=False, default=0)  # plain steps left before drafting again
+    _limit: int = field(init=False, default=0)  # the next draft's length at most (SpeculationConfig.first_draft)
 
     def __post_init__(self) -> None:
+        self._limit = self.config.first_draft
         self.lookup = self.drafter if self.drafter is not None else PromptLookup(
             self.prompt_ids, max_ngram=self.config.max_ngram, min_ngram=self.config.min_ngram)
 
@@ -294,9 +301,13 @@ class SpeculativeStep:
         if self._skip:
             self._skip -= 1
             return 0
-        return min(self.config.max_draft, remaining - 1)
+        # verify_rows: the engine's verify gives 1-token steps' bits up to that many tokens (engine/contract.py)
+        return min(self.config.max_draft, self._limit, remaining - 1, self.runner.verify_rows - 1)
 
     def _count(self, drafted: int, accepted: int, backs_off: bool = True) -> None:
+        if backs_off and drafted:
+            self._limit = (min(2 * self._limit, self.config.max_draft) if accepted == drafted
+                           else max(self.config.first_draft, accepted + 1))
         if backs_off and drafted and not accepted:
             self._backoff = min(max(1, 2 * self._backoff), self.config.max_backoff)
             self._skip = self._backoff

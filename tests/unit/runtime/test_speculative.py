@@ -243,6 +243,7 @@ class ConstantModel:
     emitted token must then be an independent draw from that row's p, whatever was drafted or rejected."""
 
     step_rows = 1
+    verify_rows = 1 << 30
 
     def __init__(self, row: torch.Tensor):
         self.row = row
@@ -316,6 +317,57 @@ def test_a_step_with_no_draft_guesses_one_token_where_the_engine_pads_anyway(mod
     while len(emitted) < 20:
         emitted += spec.step(row.clone(), cache, remaining=50).tokens
     assert emitted[:20] == [5] * 20 and spec.stats.accepted > 10  # 5 follows 5 once it has been seen
+
+
+class Fives:
+    """A drafter that always proposes 5s (what ConstantModel's greedy row emits), except one wrong token (9) at
+    draft position `wrong_at` of its `wrong_call`-th proposal."""
+
+    def __init__(self, wrong_call: int = -1, wrong_at: int = 0):
+        self.calls, self.wrong_call, self.wrong_at, self.length = 0, wrong_call, wrong_at, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def extend(self, tokens) -> None:
+        self.length += len(list(tokens))
+
+    def propose(self, limit: int, tail=()) -> list[int]:
+        self.calls += 1
+        draft = [5] * limit
+        if self.calls == self.wrong_call and self.wrong_at < limit:
+            draft[self.wrong_at] = 9
+        return draft
+
+
+def draft_lengths(model, drafter, steps: int = 8) -> list[int]:
+    spec = SpeculativeStep(model, Sampler(GREEDY), [5] * 8, SpeculationConfig(max_draft=12), drafter=drafter)
+    cache, lengths = CountingCache(), []
+    for _ in range(steps):
+        plan = spec.plan(model.row.clone(), remaining=100)
+        lengths.append(len(plan.draft))
+        spec.resolve(plan, model.step([Row(cache, plan.feed, all_logits=True)])[0], cache)
+    return lengths
+
+
+def test_a_draft_doubles_while_accepted_and_restarts_short_after_a_rejection() -> None:
+    row = torch.zeros(12)
+    row[5] = 1.0  # greedy emits 5, 5, 5 ...
+    assert draft_lengths(ConstantModel(row), Fives()) == [2, 4, 8, 12, 12, 12, 12, 12]
+    # the 4th draft (12 tokens) is rejected at its 4th token: 3 accepted, the next draft 4, then doubling again
+    assert draft_lengths(ConstantModel(row), Fives(wrong_call=4, wrong_at=3)) == [2, 4, 8, 12, 4, 8, 12, 12]
+
+
+class ShortVerifyModel(ConstantModel):
+    """An engine whose verify keeps 1-token steps' bits up to 3 tokens (llama.cpp's Q4_K over F16 cells)."""
+
+    verify_rows = 3
+
+
+def test_a_draft_never_exceeds_the_engines_verify_rows() -> None:
+    row = torch.zeros(12)
+    row[5] = 1.0
+    assert draft_lengths(ShortVerifyModel(row), Fives()) == [2] * 8
 
 
 # ---------------------------------------------------------------------------------------------- in the engine loop

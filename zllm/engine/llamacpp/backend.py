@@ -32,6 +32,7 @@ import llama_cpp as lc
 import numpy as np
 
 from zllm.engine.contract import KeptState, Row
+from zllm.engine.llamacpp.row_agreement import agreeing_rows
 from zllm.errors import EngineFailure
 
 log = logging.getLogger("zllm.engine")
@@ -84,6 +85,12 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 Q8_0_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
 # query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
 TILED_ATTENTION_ROWS = 64
+UNBOUNDED_ROWS = 1 << 30  # verify_rows when no exactness is promised (no uniform_rows)
+# rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
+# with the square; 9 take the 135M Q8_0 file's load from 0.8 to 5.7 s at 1 thread on a loaded machine): drafts
+# of 8 tokens at most where nothing pads. The kernels that agree without a pad batch poorly: a verify costs
+# 0.5-0.9 of a decode step per row there (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little
+CHECKED_ROWS = 9
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 KV_TYPE_NAMES = {lc.GGML_TYPE_F16: "f16", lc.GGML_TYPE_Q8_0: "q8_0"}  # as --cache-type (and llama.cpp's -ctk) name them
 
@@ -100,12 +107,14 @@ class ContextSettings:
     kv_type: int = lc.GGML_TYPE_F16  # K and V cells' type (a quantized one needs flash attention)
     exact: bool = False  # EXACT_ATTENTION's comment: no 1-row product, cells in position order (two sequence
     #                      ids are kept: the pad tokens', and the dead cells')
-    # no product of 1 row in any decode (a pad token joins a lone one: EXACT_ATTENTION's comment), and F16 cells
-    # read by the per-cell attention kernel (2..63 query rows), so a token's logits are the same bits whether it
-    # is decoded alone or verified among drafted tokens: speculation never changes a greedy answer (one sequence
-    # id is kept for the pad tokens). It costs a second row in every 1-token step (~0.75x decode at 1 thread
-    # on the F16 default: bench/speculative_llamacpp.py), so it is on for a speculating server only. exact
-    # implies it.
+    # a token's logits are the same bits whether it is decoded alone or verified among drafted tokens, so
+    # speculation never changes a greedy answer. Where the model's kernels already agree for 1 row and a verify's
+    # rows (measured at load: row_agreement.py; quantized weights such as Q4_1), nothing changes but the drafts'
+    # length (`verify_rows`). Else no product has 1 row in any decode (a pad token joins a lone one:
+    # EXACT_ATTENTION's comment; one sequence id is kept for the pad tokens), and F16 cells are read by the
+    # per-cell attention kernel (2..63 query rows). The pad costs a second row in every 1-token step (~0.7x
+    # decode at 1 thread on the F16 default: bench/speculative_llamacpp.py), so it is on for a speculating
+    # server only. exact implies the pad.
     uniform_rows: bool = False
 
     def __post_init__(self) -> None:
@@ -151,7 +160,12 @@ class LlamaCppEngine:
         self._top: tuple[int, int] | None = None  # exact: (sequence id, first position) when the last decode
         #                                           placed one sequence's cells only: the pool's highest ones
         self.compactions = 0
+        self._rows_agree = False  # measured: a verify's rows give 1-token decoding's bits with no pad row
         self.bytes_per_token = self._measure_bytes_per_token()
+        # the most tokens one decode may verify and still give 1-token decoding's bits (speculation's drafts)
+        self.verify_rows = TILED_ATTENTION_ROWS - 1 if self._pads else UNBOUNDED_ROWS
+        if settings.uniform_rows and not settings.exact:
+            self._measure_row_agreement()
 
     @staticmethod
     def _context_params(settings: ContextSettings):
@@ -206,9 +220,14 @@ class LlamaCppEngine:
         return self.cells * self.bytes_per_token
 
     @property
+    def _pads(self) -> bool:
+        """Whether a lone token gets a pad row (`_pad`): when padded, unless the kernels agree without one."""
+        return self.settings.exact or (self.settings.uniform_rows and not self._rows_agree)
+
+    @property
     def step_rows(self) -> int:
         """The fewest tokens a step computes: a lone token gets a pad row when padded."""
-        return 2 if self.settings.padded else 1
+        return 2 if self._pads else 1
 
     @property
     def free_sequences(self) -> int:
@@ -231,6 +250,28 @@ class LlamaCppEngine:
         finally:
             self.release(seq)
             lc.llama_set_n_threads(self.ctx, threads, threads)
+
+    def _measure_row_agreement(self) -> None:
+        """Pad only where a verify's rows would otherwise differ from 1-token decoding (row_agreement.py). Over
+        F16/F32 cells at 2+ threads one query row takes the KV-split attention, split by thread: always pad there.
+        Measured on ONE thread, as `_measure_bytes_per_token` (the kernels' sums do not depend on the count)."""
+        threads = self.settings.threads or _cores()
+        if threads > 1 and self.settings.kv_type in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
+            return
+        lc.llama_set_n_threads(self.ctx, 1, 1)
+        self._rows_agree = True  # decode unpadded while measuring
+        try:
+            rows = agreeing_rows(self, CHECKED_ROWS)
+        finally:
+            lc.llama_set_n_threads(self.ctx, threads, threads)
+            self._rows_agree = False
+        if rows < 2:
+            return
+        self._rows_agree = True
+        self.verify_rows = rows
+        self._free_ids.append(self._pad_id)  # no pad tokens: their sequence id serves requests
+        self._pad_id = None
+        log.info("llama.cpp: verified drafts give 1-token decoding's bits up to %d rows: no pad row", rows)
 
     # ------------------------------------------------------------------ the engine seam
 
@@ -256,17 +297,19 @@ class LlamaCppEngine:
         return results
 
     def _row_groups(self, rows: Sequence[Row]) -> list[list[int]]:
-        """The rows (indices) each group of decodes takes: all at once, except when padded over F16 cells. There
-        llama.cpp's attention takes its tiled kernel for a ubatch of TILED_ATTENTION_ROWS+ tokens (other sums than
-        the per-cell kernel's), so a decoding row (one token, or a draft to verify) beside a prefill chunk would
-        get other bits than alone: decoding rows go in decodes of fewer tokens, prefill rows after them."""
-        if not self.settings.padded or self.settings.kv_type != lc.GGML_TYPE_F16:
+        """The rows (indices) each group of decodes takes: all at once, except for uniform rows. Padded over F16
+        cells, llama.cpp's attention takes its tiled kernel for a ubatch of TILED_ATTENTION_ROWS+ tokens (other
+        sums than the per-cell kernel's); unpadded, kernels agree up to `verify_rows` tokens only. So a decoding
+        row (one token, or a draft to verify) beside a prefill chunk would get other bits than alone: decoding
+        rows go in decodes of fewer tokens, prefill rows after them."""
+        limit = self._decoding_tokens()
+        if limit is None:
             return [list(range(len(rows)))]
         decoding = [i for i, row in enumerate(rows) if row.all_logits or len(row.token_ids) == 1]
         groups: list[list[int]] = []
         size = 0
         for i in decoding:
-            if not groups or size + len(rows[i].token_ids) >= TILED_ATTENTION_ROWS:
+            if not groups or size + len(rows[i].token_ids) > limit:
                 groups.append([])
                 size = 0
             groups[-1].append(i)
@@ -274,11 +317,19 @@ class LlamaCppEngine:
         prefilling = [i for i in range(len(rows)) if i not in set(decoding)]
         return groups + ([prefilling] if prefilling else [])
 
+    def _decoding_tokens(self) -> int | None:
+        """The most decoding tokens one decode may hold (`_row_groups`); None: no limit."""
+        if not self.settings.padded:
+            return None
+        if not self._pads:
+            return self.verify_rows
+        return TILED_ATTENTION_ROWS - 1 if self.settings.kv_type == lc.GGML_TYPE_F16 else None
+
     def _step_rows(self, rows: Sequence[Row]) -> list[np.ndarray]:
         feeds = [(row.seq, token, row.seq.length + i, row.all_logits or i == len(row.token_ids) - 1)
                  for row in rows for i, token in enumerate(row.token_ids)]
         logits: list[np.ndarray] = []
-        spans = (_exact_chunks(len(feeds), self.settings.ubatch) if self.settings.padded
+        spans = (_exact_chunks(len(feeds), self.settings.ubatch) if self._pads
                  else [(start, start + self.settings.batch) for start in range(0, len(feeds), self.settings.batch)])
         for start, end in spans:
             logits.extend(self._decode(feeds[start:end]))
@@ -295,7 +346,7 @@ class LlamaCppEngine:
         return results
 
     def _decode(self, feeds: list[tuple[LlamaSequence, int, int, bool]]) -> list[np.ndarray]:
-        padded = self._pad(feeds) if self.settings.padded else feeds
+        padded = self._pad(feeds) if self._pads else feeds
         if self._holes and self.settings.exact:
             self._compact()
         batch = self._batch
@@ -310,7 +361,7 @@ class LlamaCppEngine:
         if status == 1 and self._dead:  # no room: the dead cells make it, packed below the live ones
             self._compact()
             status = lc.llama_decode(self.ctx, batch)
-        if self.settings.padded:
+        if self._pads:
             # the pad cells are the last ones placed: freeing them leaves no hole below a used cell
             lc.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
         if status != 0:

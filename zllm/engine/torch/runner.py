@@ -51,6 +51,7 @@ class ModelRunner:
 
     backend = "torch"
     step_rows = 1
+    verify_rows = 1 << 30  # no bound of its own (a draft is capped by SpeculationConfig.max_draft)
 
     # ------------------------------------------------------------------ the engine seam (contract.py)
 
