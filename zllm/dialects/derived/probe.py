@@ -31,6 +31,7 @@ from zllm.dialects.derived.param_probes import json_kind as _json_kind
 from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
 
 USER = "zq-user"
+USER_NEXT = "zq-user-next"
 TEXT = "zq-text"
 THINK = "zq-think"
 NAME_A, NAME_B = "zqa", "zqb"
@@ -100,6 +101,7 @@ class _Prober:
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self.text_arguments = False  # the template takes arguments as JSON text (format.py `text_arguments`)
         self._text_lead = ""
+        self.reasoning_dropped = False  # `_drops_reasoning`
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
@@ -126,6 +128,8 @@ class _Prober:
     def turn(self, **assistant) -> str:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
+        if self.reasoning_dropped:
+            return self._slots(self._turn_in_history(message))
         full = self._render([{"role": "user", "content": USER}, message], generation=False)
         for reasoning in (THINK, ""):
             if full.startswith(self.gen) or "reasoning_content" in assistant:
@@ -138,12 +142,81 @@ class _Prober:
         if not full.startswith(self.gen):
             raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
+        return self._slots(full[len(self.gen):])
+
+    @staticmethod
+    def _slots(turn: str) -> str:
         # a call id the template writes is what the model invents: a slot in the format, not literal text
-        return full[len(self.gen):].replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
+        return turn.replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
+
+    def _drops_reasoning(self) -> bool:
+        """Whether the template renders the turns it prompts for without the reasoning block its generation prompt
+        opens or closes (Nemotron Nano v2's `<think>\n`, Command R7B's `<|START_THINKING|><|END_THINKING|>`, the R1
+        distills'): the turns are then read as the template writes them once the conversation goes on, after the
+        block (`_turn_in_history`). The next prompt cannot start with this one there: the cache forks at each turn,
+        as the load check says."""
+        try:
+            self.turn(content=TEXT)
+            self.turn(tool_calls=[call(NAME_A, {K1: V1})])
+        except NotDerivable as exc:
+            if "does not extend" not in str(exc):
+                return False
+        else:
+            return False
+        self.reasoning_dropped = True
+        try:
+            self.turn(content=TEXT)
+        except NotDerivable:
+            self.reasoning_dropped = False
+            return False
+        return True
+
+    def _turn_in_history(self, message: dict) -> str:
+        """What the model writes for `message`, read from a conversation that goes on after it (a user speaks
+        next): the generation prompt's reasoning block closed where the prompt opened it (the model writes its
+        reasoning, the closer, then the turn), nothing where the prompt closed it; the turn as the template writes
+        it, up to the next user's turn."""
+        full = self._render([{"role": "user", "content": USER}, message, {"role": "user", "content": USER_NEXT}],
+                            generation=False)
+        shared = self._common_prefix(self.gen, full)
+        end = full.rfind(self._user_open + USER_NEXT)
+        if not shared or end < len(shared):
+            raise NotDerivable("an assistant turn does not extend the generation prompt, even once the conversation "
+                               "goes on")
+        return self._closer_of(self.gen[len(shared):]) + full[len(shared):end]
+
+    def _closer_of(self, dropped: str) -> str:
+        """How the model closes the block the prompt left in `dropped` (what the prompt has and the turn does not):
+        "" for an empty block the prompt closed itself, the opener's closer (`</think>`, spelled in the template)
+        for one it left open."""
+        spans = [dropped[a:b] for a, b in dict.fromkeys(self._marker_spans(dropped))]
+        if not dropped.strip():
+            return ""
+        if "".join(spans).strip() != "".join(dropped.split()) or len(spans) not in (1, 2):
+            raise NotDerivable(f"the template drops {dropped!r} of its generation prompt from the turn it renders")
+        if len(spans) == 2:
+            return ""  # an empty reasoning block, opened and closed by the prompt
+        opener = spans[0]
+        closer = "</" + opener[1:] if opener.startswith("<") and not opener.startswith("</") else ""
+        if not closer or closer not in self.template.source:
+            raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
+        return closer
+
+    @property
+    def _user_open(self) -> str:
+        """The markers a user's turn opens with (the run of markers right before the user's text in the prompt)."""
+        at = self.gen.rfind(USER)
+        start = at
+        for a, b in reversed(self._marker_spans(self.gen[:at])):
+            if start != at and self.gen[b:start].strip():  # the role's name may follow the first (`User\n`)
+                break
+            start = a
+        return self.gen[start:at]
 
     # ---------------------------------------------------------------------------------- derivation
 
     def derive(self) -> CallFormat:
+        self._drops_reasoning()
         plain = self.turn(content=TEXT)
         if TEXT not in plain:
             raise NotDerivable("the template does not write an assistant's text")
@@ -441,11 +514,7 @@ class _Prober:
         if after_two != after:
             raise NotDerivable("the last of two calls does not end the turn like a single call")
         call_open = self._common_suffix(before, mid)
-        cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
-        if cut_before[-1:].isdigit() and cut_mid[-1:].isdigit():
-            # `"tool_call_id": "0", "tool_name": "` / `"1", ...`: an index before the name, which the literals
-            # would otherwise hold as text (a third call would not read)
-            raise NotDerivable("the call's index is written before its name")
+        before, mid, call_open = _index_before_name(before, mid, call_open, self._common_suffix)
         close_and_sep = mid[:len(mid) - len(call_open)]
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
@@ -519,7 +588,7 @@ class _Prober:
             if not lead.strip():
                 return fmt
             first = _leading_marker(lead, self)
-            if first.startswith("</") and self.gen.endswith("<" + first[2:]):
+            if first.startswith("</") and self.gen.rstrip().endswith("<" + first[2:]):
                 # the prompt opened the block and the template drops what was in it (DeepSeek V3.1, thinking on)
                 return _replace(fmt, think_close=lead, gen_in_think=True)
             return _replace(fmt, think_open=first, think_close=lead)
@@ -573,6 +642,24 @@ class _Prober:
         while size and (self._inside_marker(a, size) is not None or self._inside_marker(b, size) is not None):
             size -= 1
         return a[:size]
+
+
+def _index_before_name(before: str, mid: str, call_open: str, common_suffix) -> tuple[str, str, str]:
+    """(before, mid, call_open) with the call's index as a slot where the two calls' openers differ only in a number
+    written before the name (Command R7B's `{"tool_call_id": "0", "tool_name": "` / `"1", ...`: counted from 0),
+    the opener then reaching back over the text before the index; unchanged where they do not."""
+    cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
+    if not (cut_before[-1:].isdigit() and cut_mid[-1:].isdigit()):
+        return before, mid, call_open
+    if (cut_before[-1], cut_mid[-1]) not in (("0", "1"), ("1", "2")) or cut_before[-2:-1].isdigit() \
+            or cut_mid[-2:-1].isdigit():
+        raise NotDerivable("the calls' openers differ in a number before the name that does not count them")
+    head = common_suffix(cut_before[:-1], cut_mid[:-1])
+    if not head:
+        raise NotDerivable("the call's index is written before its name with nothing opening the call before it")
+    opener = head + INDEX_SLOT + call_open
+    index_at = len(cut_before) - 1 - len(head)
+    return (cut_before[:index_at] + opener, cut_mid[:len(cut_mid) - 1 - len(head)] + opener, opener)
 
 
 def _indexed(first: str, second: str) -> str:
