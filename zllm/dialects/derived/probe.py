@@ -102,6 +102,7 @@ class _Prober:
         self.text_arguments = False  # the template takes arguments as JSON text (format.py `text_arguments`)
         self._text_lead = ""
         self.reasoning_dropped = False  # `_drops_reasoning`
+        self._framing = ""  # after a turn in a conversation that goes on (`_after_turns`)
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
@@ -165,6 +166,7 @@ class _Prober:
             return False
         self.reasoning_dropped = True
         try:
+            self._framing = self._after_turns()
             self.turn(content=TEXT)
         except NotDerivable:
             self.reasoning_dropped = False
@@ -175,11 +177,10 @@ class _Prober:
         """What the model writes for `message`, read from a conversation that goes on after it (a user speaks
         next): the generation prompt's reasoning block closed where the prompt opened it (the model writes its
         reasoning, the closer, then the turn), nothing where the prompt closed it; the turn as the template writes
-        it, up to the next user's turn."""
-        full = self._render([{"role": "user", "content": USER}, message, {"role": "user", "content": USER_NEXT}],
-                            generation=False)
+        it, up to its end of turn."""
+        full = self._history(message)
         shared = self._common_prefix(self.gen, full)
-        end = full.rfind(self._user_open + USER_NEXT)
+        end = len(full) - len(self._framing) if full.endswith(self._framing) else -1
         if not shared or end < len(shared):
             raise NotDerivable("an assistant turn does not extend the generation prompt, even once the conversation "
                                "goes on")
@@ -202,16 +203,21 @@ class _Prober:
             raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
         return closer
 
-    @property
-    def _user_open(self) -> str:
-        """The markers a user's turn opens with (the run of markers right before the user's text in the prompt)."""
-        at = self.gen.rfind(USER)
-        start = at
-        for a, b in reversed(self._marker_spans(self.gen[:at])):
-            if start != at and self.gen[b:start].strip():  # the role's name may follow the first (`User\n`)
-                break
-            start = a
-        return self.gen[start:at]
+    def _history(self, message: dict) -> str:
+        return self._render([{"role": "user", "content": USER}, message, {"role": "user", "content": USER_NEXT}],
+                            generation=False)
+
+    def _after_turns(self) -> str:
+        """The framing after an assistant's turn once the conversation goes on: what a turn of text and a turn of
+        calls are both followed by, after the first marker of it (their end of turn: `<|im_end|>`, `\n<SPECIAL_12>`,
+        Command R7B's `<|END_OF_TURN_TOKEN|>`, each the model's own)."""
+        text, calls = (self._history({"role": "assistant", "content": content, **extra})
+                       for content, extra in ((TEXT, {}), ("", {"tool_calls": [call(NAME_A, {K1: V1})]})))
+        shared = self._common_suffix(text, calls)
+        spans = self._marker_spans(shared)
+        if not spans or USER_NEXT not in shared:
+            raise NotDerivable("an assistant turn does not end on a marker once the conversation goes on")
+        return shared[spans[0][1]:]
 
     # ---------------------------------------------------------------------------------- derivation
 
@@ -560,7 +566,9 @@ class _Prober:
 
     def _with_content(self, fmt: CallFormat, lead: str) -> CallFormat:
         turn = self._body(self.turn(content=TEXT, tool_calls=[call(NAME_A, {K1: V1})]), lead)
+        # up to the call's index where it is written before the name (the turn holds the number, `0`)
         opener = fmt.section_open + fmt.call_open + NAME_A
+        opener = opener.partition(INDEX_SLOT)[0] if INDEX_SLOT in opener else opener
         if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
             return _replace(fmt, text_with_calls=False)
         if turn.startswith(opener) and TEXT in turn:  # the text after the calls (Gemma 4)
@@ -582,7 +590,10 @@ class _Prober:
         except NotDerivable:  # reasoning written where the prompt closed it (`enable_thinking` off): none
             return fmt
         if THINK not in turn:  # Kimi K2 Thinking keeps reasoning only in turns that call tools
-            with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            try:
+                with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            except NotDerivable:  # written inside the block the prompt closed (Command R7B, thinking off): none
+                with_call = turn
             turn = with_call if THINK in with_call and with_call.index(THINK) < with_call.find(TEXT) else turn
         if THINK not in turn:
             if not lead.strip():
@@ -595,7 +606,7 @@ class _Prober:
         think_open, rest = turn.split(THINK, 1)
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")
-        opener = fmt.section_open + fmt.call_open
+        opener = (fmt.section_open + fmt.call_open).partition(INDEX_SLOT)[0]
         # reasoning ends where the text or the calls begin (Gemma 4 writes its calls before the text)
         think_close = rest[:min(rest.index(TEXT), rest.index(opener) if opener and opener in rest else len(rest))]
         if lead and lead == think_close and think_open:
