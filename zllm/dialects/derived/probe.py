@@ -198,7 +198,14 @@ class _Prober:
         if len(spans) == 2:
             return ""  # an empty reasoning block, opened and closed by the prompt
         opener = spans[0]
-        closer = "</" + opener[1:] if opener.startswith("<") and not opener.startswith("</") else ""
+        # the marker the template closes reasoning with where it writes some (Cohere2MoE's `<|END_THINKING|>`), else
+        # the opener's closing tag where the template reads it (the R1 distills split the content at `</think>`)
+        written = self._history({"role": "assistant", "content": TEXT, "reasoning_content": THINK})
+        after = written[written.find(THINK) + len(THINK):] if opener + THINK in written.replace(opener + "\n", opener) \
+            else ""
+        closers = [after[a:b] for a, b in self._marker_spans(after) if not after[:a].strip()]
+        closer = closers[0] if closers else "</" + opener[1:] if opener.startswith("<") and not opener.startswith("</") \
+            else ""
         if not closer or closer not in self.template.source:
             raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
         return closer
@@ -609,6 +616,8 @@ class _Prober:
         opener = (fmt.section_open + fmt.call_open).partition(INDEX_SLOT)[0]
         # reasoning ends where the text or the calls begin (Gemma 4 writes its calls before the text)
         think_close = rest[:min(rest.index(TEXT), rest.index(opener) if opener and opener in rest else len(rest))]
+        if self._text_lead and think_close.endswith(self._text_lead) and think_close != self._text_lead:
+            think_close = think_close[:-len(self._text_lead)]  # the text's own lead (Cohere2MoE's `<|START_TEXT|>`)
         if lead and lead == think_close and think_open:
             # a turn without reasoning opens with the closer alone (MiniMax M3's `</mm:think>`)
             return _replace(fmt, think_open=think_open, think_close=think_close, empty_think=True)
