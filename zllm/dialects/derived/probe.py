@@ -68,6 +68,15 @@ def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **va
     return probe.derive()
 
 
+def written_after(template: JinjaChatTemplate, prompt: str, rendered: str) -> str:
+    """What the model wrote for a turn `rendered` (prompt and turn, as the template renders the conversation) holds,
+    where the template drops from the turn the reasoning block `prompt` opens or closes (Nemotron Nano v2, QwQ):
+    the block's closer where the prompt left it open, then the turn."""
+    prober = _Prober(template, ())
+    shared = prober._common_prefix(prompt, rendered)
+    return prober._closer_of(prompt[len(shared):]) + rendered[len(shared):]
+
+
 # the variables a template's reasoning switch is read from, in the order looked for (Kimi K3 reads `thinking`)
 SWITCHES = ("enable_thinking", "thinking")
 
