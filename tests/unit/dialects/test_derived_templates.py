@@ -223,6 +223,9 @@ REASONING_DROPPED = ("NVIDIA-Nemotron-Nano-v2", "CohereForAI-c4ai-command-r7b-12
 # ... of which these rewrite the prompt at each turn (the block the prompt opened is gone from the next one): the
 # cache forks there whatever the dialect, and the load check says so
 PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"}
+# ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
+# drops it (the load check probes calls: it holds)
+TEXT_TURN_REWRITTEN = PROMPT_REWRITTEN | {"CohereForAI-c4ai-command-r7b-12-2024-tool_use"}
 TEMPLATE_NAMES = list(MUST_DERIVE) + list(REASONING_DROPPED)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
