@@ -193,7 +193,10 @@ class _Prober:
         if not shared or end < len(shared):
             raise NotDerivable("an assistant turn does not extend the generation prompt, even once the conversation "
                                "goes on")
-        return self._closer_of(self.gen[len(shared):]) + full[len(shared):end]
+        turn = full[len(shared):end]
+        if THINK in turn:  # the turn's reasoning written where the prompt opened it (Apriel 1.6): the model's own
+            return turn
+        return self._closer_of(self.gen[len(shared):]) + turn
 
     def _closer_of(self, dropped: str) -> str:
         """How the model closes the block the prompt left in `dropped` (what the prompt has and the turn does not):
@@ -202,6 +205,8 @@ class _Prober:
         spans = [dropped[a:b] for a, b in dict.fromkeys(self._marker_spans(dropped))]
         if not dropped.strip():
             return ""
+        if not spans:
+            return self._text_closer(dropped)
         if "".join(spans).strip() != "".join(dropped.split()) or len(spans) not in (1, 2):
             raise NotDerivable(f"the template drops {dropped!r} of its generation prompt from the turn it renders")
         if len(spans) == 2:
@@ -218,6 +223,18 @@ class _Prober:
         if not closer or closer not in self.template.source:
             raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
         return closer
+
+    def _text_closer(self, dropped: str) -> str:
+        """The closer of a reasoning block the prompt opens with text, no marker (Apriel 1.6's `Here are my
+        reasoning steps:\n`): what the template writes between a turn's reasoning and its text, where it writes
+        that reasoning right where the prompt left off (in the last turn: Apriel 1.6 drops it from earlier ones)."""
+        written = self._render([{"role": "user", "content": USER},
+                                {"role": "assistant", "content": TEXT, "reasoning_content": THINK}], generation=False)
+        shared = self._common_prefix(self.gen, written)
+        turn = written[len(shared):]
+        if not turn.startswith(THINK) or TEXT not in turn or not turn[len(THINK):turn.index(TEXT)].strip():
+            raise NotDerivable(f"the template drops {dropped!r} of its generation prompt from the turn it renders")
+        return turn[len(THINK):turn.index(TEXT)]
 
     def _history(self, message: dict) -> str:
         return self._render([{"role": "user", "content": USER}, message, {"role": "user", "content": USER_NEXT}],
@@ -258,8 +275,8 @@ class _Prober:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        fmt = self._with_slot(self._with_history_ids(
-            self._with_reasoning(self._with_content(fmt, lead), lead, tail)))
+        fmt = self._with_slot(self._with_history_ids(self._with_last_turn_ids(
+            self._with_reasoning(self._with_content(fmt, lead), lead, tail))))
         if lead and not lead.strip() and not fmt.reasons:
             # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
             fmt = _replace(fmt, content_lead=lead)
@@ -301,6 +318,21 @@ class _Prober:
         if not closer:
             return fmt
         return _replace(fmt, call_close=closer, bare_call_close=fmt.call_close)
+
+    def _with_last_turn_ids(self, fmt: CallFormat) -> CallFormat:
+        """Where the turns were read once the conversation goes on (`_drops_reasoning`) with the call's id after its
+        arguments, and the template writes the last turn without it (Apriel 1.6, as its instructions show the model):
+        the closer without the id reads back too (`bare_call_close`, as Apriel 1.5's)."""
+        if not self.reasoning_dropped or fmt.arguments != "json" or ID_SLOT not in fmt.call_close \
+                or not fmt.section_close:
+            return fmt
+        calling = {"role": "assistant", "content": "", "tool_calls": [call(NAME_A, {K1: V1})]}
+        last = self._render([{"role": "user", "content": USER}, calling], generation=False)
+        written = NAME_A + fmt.name_close + _json_text({K1: V1})
+        if written not in last or _probe_id(0) in last:
+            return fmt
+        closer = last[last.index(written) + len(written):].partition(fmt.section_close)[0]
+        return _replace(fmt, bare_call_close=closer) if closer and not any(s in closer for s in SLOTS) else fmt
 
     def _with_slot(self, fmt: CallFormat) -> CallFormat:
         """Where the call's id (or index) is written, and which ids the template accepts."""
@@ -614,6 +646,8 @@ class _Prober:
         if THINK not in turn:
             if not lead.strip():
                 return fmt
+            if self.reasoning_dropped:  # the lead closes the block the prompt opened (`_closer_of`): the model
+                return _replace(fmt, think_close=lead, gen_in_think=True)  # starts inside it
             first = _leading_marker(lead, self)
             if first.startswith("</") and self.gen.rstrip().endswith("<" + first[2:]):
                 # the prompt opened the block and the template drops what was in it (DeepSeek V3.1, thinking on)
