@@ -169,6 +169,9 @@ def _output(dialect):
                                                thinking=_on(dialect)))
         output = written_after(dialect.template, prompt, going_on)
         output = output[:output.rfind(NEXT_USER.content)]
+        reasoning = _turn(dialect).reasoning
+        if reasoning and _fmt(dialect).gen_in_think and reasoning not in output:  # the model reasons first
+            output = reasoning + output
     end = _fmt(dialect).call_turn_end or _fmt(dialect).turn_end  # the turn has calls
     at = output.rfind(end) if end else len(output)
     return prompt, output[:at], end
@@ -217,12 +220,15 @@ def test_survey(derivations, templates):
 # the generation prompt opens (or closes) a reasoning block the turns the template renders drop: the calls are read
 # from a turn rendered once the conversation goes on (probe.py `_drops_reasoning`): Nemotron Nano v2's `<TOOLCALL>`,
 # Command R7B's and Cohere2MoE's `<|START_ACTION|>` with the call's index before its name, QwQ's Hermes JSON, the
-# R1 distill's DeepSeek calls
+# R1 distill's DeepSeek calls, Apriel 1.6's `<tool_calls>[...]` after a block its prompt opens with text
 REASONING_DROPPED = ("NVIDIA-Nemotron-Nano-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE",
-                     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
+                     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Apriel-1.6-15b-Thinker-fixed")
 # ... of which these rewrite the prompt at each turn (the block the prompt opened is gone from the next one): the
 # cache forks there whatever the dialect, and the load check says so
-PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"}
+PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                    "Apriel-1.6-15b-Thinker-fixed"}
+# ... closed with plain text, no marker (Apriel 1.6's `\n[BEGIN FINAL RESPONSE]\n`)
+REASONING_CLOSED_BY_TEXT = {"Apriel-1.6-15b-Thinker-fixed"}
 # ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
 # drops it (the load check probes calls: it holds)
 TEXT_TURN_REWRITTEN = PROMPT_REWRITTEN | {"CohereForAI-c4ai-command-r7b-12-2024-tool_use"}
@@ -306,6 +312,9 @@ def test_fenced_random_calls_are_valid(name, derivations, stand_in):
     """Random logits (what a tiny random-weight model gives) under the fence: every sample is a valid call
     of the allowed tool(s), and parses back to calls (required / named)."""
     dialect = _derived(derivations, name)
+    if name in REASONING_CLOSED_BY_TEXT:
+        pytest.skip(f"{name}'s prompt opens reasoning the model closes with plain text: random tokens rarely "
+                    "spell it (test_fence_accepts_the_rendered_output checks the fence over the calls)")
     samples = 100 if name in SAMPLED_MANY else 3
     for choice in (ToolChoice("required"), ToolChoice("tool", "search")):
         spec = FenceSpec(tools=TOOLS, choice=choice, thinking=False)
@@ -787,6 +796,9 @@ def test_an_index_written_before_the_name_is_read_for_any_number_of_calls(deriva
                                 "</TOOLCALL>"),
     ("Cohere2MoE", 'I need rain.<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "search", '
                    '"parameters": {"query": "q"}}\n]<|END_ACTION|>'),
+    # the block opened with text (`Here are my reasoning steps:\n`), a call without the id earlier turns carry
+    ("Apriel-1.6-15b-Thinker-fixed", 'I need rain.\n[BEGIN FINAL RESPONSE]\n\n<tool_calls>[{"name": "search", '
+                                     '"arguments": {"query": "q"}}]</tool_calls>'),
 ])
 def test_calls_after_the_reasoning_the_prompt_opened_read_back(name, written, derivations):
     dialect = _derived(derivations, name)

@@ -20,12 +20,12 @@ WRITES_NO_CALLS = {
 NOT_HOLDING = {
     # the generation prompt opens (or closes) a reasoning block the rendered turn drops: the prompt is rewritten
     # before the calls, the cache forks at each turn whatever the dialect; the calls are derived all the same
-    # (Nemotron Nano v2's `<TOOLCALL>`, QwQ's Hermes JSON, the R1 distill's DeepSeek calls: test_derived_templates
-    # REASONING_DROPPED)
+    # (Nemotron Nano v2's `<TOOLCALL>`, QwQ's Hermes JSON, the R1 distill's DeepSeek calls, Apriel 1.6's
+    # `<tool_calls>`: test_derived_templates REASONING_DROPPED)
     "NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-    # ... and not derived: Apriel 1.6 (its prompt opens `Here are my reasoning steps:\n`, no marker), llama.cpp's
-    # R1 (text beside calls dropped after `</think>`): served as Hermes / Qwen3
-    "Apriel-1.6-15b-Thinker-fixed", "llama-cpp-deepseek-r1",
+    "Apriel-1.6-15b-Thinker-fixed",
+    # ... and not derived: llama.cpp's R1 writes a turn's calls only where it has no text: served as Qwen3
+    "llama-cpp-deepseek-r1",
     # renders only with its tools (Hermes renders the messages alone: every conversation is rejected), and writes
     # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
     # JSON `{"tool_name": ..., "parameters": {...}}`
@@ -40,7 +40,7 @@ CHOSEN = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "derived", "deepseek-ai-DeepSeek-V3.1": "derived",
     # the prompt's reasoning block dropped from the turns: `<TOOLCALL>`, `<|START_ACTION|>` (Hermes / Qwen3 before)
     "NVIDIA-Nemotron-Nano-v2": "derived", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "derived",
-    "Cohere2MoE": "derived", "Qwen-QwQ-32B": "derived",
+    "Cohere2MoE": "derived", "Qwen-QwQ-32B": "derived", "Apriel-1.6-15b-Thinker-fixed": "derived",
     "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
     "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
     # Hermes JSON calls, but the generation prompt opens the reasoning block under `enable_thinking`
