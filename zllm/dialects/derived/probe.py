@@ -53,6 +53,10 @@ class NotDerivable(ValueError):
     """The template's calls cannot be described (or do not come back the same way): the reason, in words."""
 
 
+class _NotExtended(NotDerivable):
+    """A turn the template renders does not start with its generation prompt (`_Prober._drops_reasoning`)."""
+
+
 def call(name: str, arguments: dict, index: int = 0, call_id: str = "") -> dict:
     # nine letters and digits: the one id shape every template takes (Mistral's insist on it)
     return {"id": call_id or _probe_id(index), "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -150,7 +154,7 @@ class _Prober:
             message["reasoning_content"] = reasoning
             full = self._render([{"role": "user", "content": USER}, message], generation=False)
         if not full.startswith(self.gen):
-            raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
+            raise _NotExtended("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
         return self._slots(full[len(self.gen):])
 
@@ -168,9 +172,10 @@ class _Prober:
         try:
             self.turn(content=TEXT)
             self.turn(tool_calls=[call(NAME_A, {K1: V1})])
-        except NotDerivable as exc:
-            if "does not extend" not in str(exc):
-                return False
+        except _NotExtended:
+            pass
+        except NotDerivable:
+            return False
         else:
             return False
         self.reasoning_dropped = True
@@ -218,8 +223,8 @@ class _Prober:
         after = written[written.find(THINK) + len(THINK):] if opener + THINK in written.replace(opener + "\n", opener) \
             else ""
         closers = [after[a:b] for a, b in self._marker_spans(after) if not after[:a].strip()]
-        closer = closers[0] if closers else "</" + opener[1:] if opener.startswith("<") and not opener.startswith("</") \
-            else ""
+        tag = opener.startswith("<") and not opener.startswith("</")
+        closer = closers[0] if closers else "</" + opener[1:] if tag else ""
         if not closer or closer not in self.template.source:
             raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
         return closer
