@@ -32,7 +32,7 @@ from zllm.canonical import (
 )
 from zllm.dialects.base import Conversation, FenceSpec, MarkupTokens
 from zllm.dialects.derived.dialect import derive_dialect
-from zllm.dialects.derived.probe import split_markers
+from zllm.dialects.derived.probe import split_markers, written_after
 
 # what the derivation must find, by family (the priority ones of issue 21); the survey test reports the rest
 MUST_DERIVE = (
@@ -111,7 +111,15 @@ def _derived(derivations, name):
     result = derivations[name]
     if not result.derived:
         pytest.skip(f"{name}: {result.reason}")
+    _NAMES[id(result.dialect)] = name
     return result.dialect
+
+
+_NAMES: dict[int, str] = {}
+
+
+def name_of(dialect) -> str:
+    return _NAMES.get(id(dialect), "")
 
 
 # ------------------------------------------------------------------------------------------ the conversation
@@ -128,6 +136,9 @@ def _turn(dialect) -> Message:
     # its models write text or calls (test_text_after_calls_reads_back checks that reading)
     text = "Let me check." if fmt.text_with_calls and not fmt.text_after_calls else ""
     return Message("assistant", text, tool_calls=calls, reasoning="I need the tools." if fmt.reasons else None)
+
+
+NEXT_USER = Message("user", "zq-next-user")
 
 
 def _on(dialect) -> bool:
@@ -149,8 +160,18 @@ def _output(dialect):
     prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
     full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
                                        thinking=_on(dialect)))
-    assert full.startswith(prompt)
-    output = full[len(prompt):]
+    if name_of(dialect) not in PROMPT_REWRITTEN:
+        assert full.startswith(prompt)
+        output = full[len(prompt):]
+    else:  # the template drops the reasoning block the prompt opened or closed: the turn as it is written once the
+        # conversation goes on (Nemotron Nano v2 renders a last turn as a prefill, its text inside `<think>`)
+        going_on = dialect.render(Conversation((USER, _turn(dialect), NEXT_USER), TOOLS, add_generation_prompt=False,
+                                               thinking=_on(dialect)))
+        output = written_after(dialect.template, prompt, going_on)
+        output = output[:output.rfind(NEXT_USER.content)]
+        reasoning = _turn(dialect).reasoning
+        if reasoning and _fmt(dialect).gen_in_think and reasoning not in output:  # the model reasons first
+            output = reasoning + output
     end = _fmt(dialect).call_turn_end or _fmt(dialect).turn_end  # the turn has calls
     at = output.rfind(end) if end else len(output)
     return prompt, output[:at], end
@@ -182,7 +203,7 @@ def _as_message(events) -> Message:
 
 
 def test_the_priority_families_derive(derivations):
-    missing = {name: derivations[name].reason for name in MUST_DERIVE if not derivations[name].derived}
+    missing = {name: derivations[name].reason for name in TEMPLATE_NAMES if not derivations[name].derived}
     assert not missing
 
 
@@ -196,7 +217,22 @@ def test_survey(derivations, templates):
     assert len(derived) >= len(MUST_DERIVE)
 
 
-TEMPLATE_NAMES = list(MUST_DERIVE)
+# the generation prompt opens (or closes) a reasoning block the turns the template renders drop: the calls are read
+# from a turn rendered once the conversation goes on (probe.py `_drops_reasoning`): Nemotron Nano v2's `<TOOLCALL>`,
+# Command R7B's and Cohere2MoE's `<|START_ACTION|>` with the call's index before its name, QwQ's Hermes JSON, the
+# R1 distill's DeepSeek calls, Apriel 1.6's `<tool_calls>[...]` after a block its prompt opens with text
+REASONING_DROPPED = ("NVIDIA-Nemotron-Nano-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE",
+                     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Apriel-1.6-15b-Thinker-fixed")
+# ... of which these rewrite the prompt at each turn (the block the prompt opened is gone from the next one): the
+# cache forks there whatever the dialect, and the load check says so
+PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                    "Apriel-1.6-15b-Thinker-fixed"}
+# ... closed with plain text, no marker (Apriel 1.6's `\n[BEGIN FINAL RESPONSE]\n`)
+REASONING_CLOSED_BY_TEXT = {"Apriel-1.6-15b-Thinker-fixed"}
+# ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
+# drops it (the load check probes calls: it holds)
+TEXT_TURN_REWRITTEN = PROMPT_REWRITTEN | {"CohereForAI-c4ai-command-r7b-12-2024-tool_use"}
+TEMPLATE_NAMES = list(MUST_DERIVE) + list(REASONING_DROPPED)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
 ALSO_DERIVED = ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
                 "Spark2.5", "google-gemma-4-31B-it-interleaved", "meetkai-functionary-medium-v3.1",
@@ -238,6 +274,9 @@ def test_next_turn_prompt_continues_this_turn(name, derivations):
                      "them forks the cache (test_history_ids_read_back_and_continue)")
     if _fmt(dialect).reasons and not following.startswith(prompt + output + end):
         pytest.xfail(f"{name}'s template drops the reasoning of a turn once results follow (the cache forks)")
+    if name in PROMPT_REWRITTEN:
+        assert not following.startswith(prompt + output + end)  # else it holds: no longer a known failure
+        pytest.xfail(f"{name}'s template drops the reasoning block its prompt opened or closed: the cache forks")
     assert following.startswith(prompt + output + end)
 
 
@@ -273,6 +312,9 @@ def test_fenced_random_calls_are_valid(name, derivations, stand_in):
     """Random logits (what a tiny random-weight model gives) under the fence: every sample is a valid call
     of the allowed tool(s), and parses back to calls (required / named)."""
     dialect = _derived(derivations, name)
+    if name in REASONING_CLOSED_BY_TEXT:
+        pytest.skip(f"{name}'s prompt opens reasoning the model closes with plain text: random tokens rarely "
+                    "spell it (test_fence_accepts_the_rendered_output checks the fence over the calls)")
     samples = 100 if name in SAMPLED_MANY else 3
     for choice in (ToolChoice("required"), ToolChoice("tool", "search")):
         spec = FenceSpec(tools=TOOLS, choice=choice, thinking=False)
@@ -459,7 +501,9 @@ def test_the_load_check_holds_for_every_derived_template(derivations):
                 failed[name] = check.problem
     held = sum(d.derived for d in derivations.values()) - len(failed)
     print(f"\nload check: {held} of {sum(d.derived for d in derivations.values())} derived templates hold; {failed}")
-    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES, failed
+    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES | PROMPT_REWRITTEN, failed
+    for name in PROMPT_REWRITTEN:  # said as it is: the template rewrites the prompt
+        assert "does not start with this turn's prompt" in failed[name], (name, failed.get(name))
 
 
 # said at load, still served: GigaChat 3 opens a call with its text turn's end marker (`<|message_sep|>`, then a
@@ -732,19 +776,36 @@ def test_ids_before_the_name_and_names_written_twice_read_back(derivations):
     assert not _events_of(muse, call.format("get_weather")).tool_calls
 
 
-def test_an_index_written_before_the_name_is_not_taken_for_markup(templates):
-    """Command R7B (`enable_thinking` on: `<|START_RESPONSE|>` text against `<|START_ACTION|>` calls) numbers its
-    calls before the name (`"tool_call_id": "0", "tool_name": "NAME"`): literals holding the `0` and the `1` would
-    read two calls and no third, so the template is not described."""
-    from tests.support.template_survey import markers_of
+def test_an_index_written_before_the_name_is_read_for_any_number_of_calls(derivations, stand_in):
+    """Command R7B numbers its calls before the name (`"tool_call_id": "0", "tool_name": "NAME"`), from 0: the
+    number is a slot, not markup, so a third call reads and is fenced, and the fence allows no word in its place."""
+    dialect = _derived(derivations, "CohereForAI-c4ai-command-r7b-12-2024-tool_use")
+    one = '\n    {"tool_call_id": "%s", "tool_name": "search", "parameters": {"query": "q%s"}}'
+    text = "<|START_ACTION|>[" + ",".join(one % (i, i) for i in range(3)) + "\n]"
+    assert [(c.name, json.loads(c.arguments)) for c in _as_message(_parse(dialect, text, thinking=False)).tool_calls] \
+        == [("search", {"query": f"q{i}"}) for i in range(3)]
+    spec = FenceSpec(tools=TOOLS, choice=ToolChoice("required"), thinking=False)
+    for index, accepted in (("2", True), ("x", False)):
+        tokens = stand_in[1].tokenize_str(text.replace('"2"', f'"{index}"') + "<|END_ACTION|>", parse_special=True)
+        assert (_matcher(dialect, spec, stand_in).validate_tokens(tokens) == len(tokens)) is accepted, index
 
-    source = templates["CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
-    from zllm.dialects.derived.jinja import JinjaChatTemplate
-    from zllm.dialects.derived.probe import NotDerivable, derive_format
 
-    template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
-    with pytest.raises(NotDerivable, match="index is written before its name"):
-        derive_format(template, markers_of(source), enable_thinking=True)
+@pytest.mark.parametrize("name, written", [
+    # the model reasons inside the block the prompt opened, closes it, then calls
+    ("NVIDIA-Nemotron-Nano-v2", 'I need rain.</think><TOOLCALL>[{"name": "search", "arguments": {"query": "q"}}]'
+                                "</TOOLCALL>"),
+    ("Cohere2MoE", 'I need rain.<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "search", '
+                   '"parameters": {"query": "q"}}\n]<|END_ACTION|>'),
+    # the block opened with text (`Here are my reasoning steps:\n`), a call without the id earlier turns carry
+    ("Apriel-1.6-15b-Thinker-fixed", 'I need rain.\n[BEGIN FINAL RESPONSE]\n\n<tool_calls>[{"name": "search", '
+                                     '"arguments": {"query": "q"}}]</tool_calls>'),
+])
+def test_calls_after_the_reasoning_the_prompt_opened_read_back(name, written, derivations):
+    dialect = _derived(derivations, name)
+    message = _as_message(_parse(dialect, written))
+    assert message.reasoning == "I need rain."
+    assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == [("search", {"query": "q"})]
+    assert not message.content.strip()
 
 
 def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):

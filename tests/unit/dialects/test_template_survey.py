@@ -19,9 +19,13 @@ WRITES_NO_CALLS = {
 # write calls, served, and the load check says what breaks (one line each: why)
 NOT_HOLDING = {
     # the generation prompt opens (or closes) a reasoning block the rendered turn drops: the prompt is rewritten
-    # before the calls, the cache forks at each turn whatever the dialect
-    "Apriel-1.6-15b-Thinker-fixed", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "NVIDIA-Nemotron-Nano-v2",
-    "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "Cohere2MoE",
+    # before the calls, the cache forks at each turn whatever the dialect; the calls are derived all the same
+    # (Nemotron Nano v2's `<TOOLCALL>`, QwQ's Hermes JSON, the R1 distill's DeepSeek calls, Apriel 1.6's
+    # `<tool_calls>`: test_derived_templates REASONING_DROPPED)
+    "NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "Apriel-1.6-15b-Thinker-fixed",
+    # ... and not derived: llama.cpp's R1 writes a turn's calls only where it has no text: served as Qwen3
+    "llama-cpp-deepseek-r1",
     # renders only with its tools (Hermes renders the messages alone: every conversation is rejected), and writes
     # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
     # JSON `{"tool_name": ..., "parameters": {...}}`
@@ -33,7 +37,10 @@ NOT_HOLDING = {
 CHOSEN = {
     "GLM-4.6": "glm45", "GLM-4.7-Flash": "derived", "Spark2.5": "derived", "poolside-Laguna-S-2.1": "derived",
     "deepseek-ai-DeepSeek-V3.2": "deepseek-v3.2", "deepseek-ai-DeepSeek-V4": "deepseek-v4",
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "qwen3", "deepseek-ai-DeepSeek-V3.1": "derived",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "derived", "deepseek-ai-DeepSeek-V3.1": "derived",
+    # the prompt's reasoning block dropped from the turns: `<TOOLCALL>`, `<|START_ACTION|>` (Hermes / Qwen3 before)
+    "NVIDIA-Nemotron-Nano-v2": "derived", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "derived",
+    "Cohere2MoE": "derived", "Qwen-QwQ-32B": "derived", "Apriel-1.6-15b-Thinker-fixed": "derived",
     "openai-gpt-oss-120b": "harmony", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "derived",
     "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
     # Hermes JSON calls, but the generation prompt opens the reasoning block under `enable_thinking`

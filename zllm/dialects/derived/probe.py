@@ -31,6 +31,7 @@ from zllm.dialects.derived.param_probes import json_kind as _json_kind
 from zllm.dialects.derived.param_probes import keyed_closer, typed_values, xml_item
 
 USER = "zq-user"
+USER_NEXT = "zq-user-next"
 TEXT = "zq-text"
 THINK = "zq-think"
 NAME_A, NAME_B = "zqa", "zqb"
@@ -52,6 +53,10 @@ class NotDerivable(ValueError):
     """The template's calls cannot be described (or do not come back the same way): the reason, in words."""
 
 
+class _NotExtended(NotDerivable):
+    """A turn the template renders does not start with its generation prompt (`_Prober._drops_reasoning`)."""
+
+
 def call(name: str, arguments: dict, index: int = 0, call_id: str = "") -> dict:
     # nine letters and digits: the one id shape every template takes (Mistral's insist on it)
     return {"id": call_id or _probe_id(index), "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -65,6 +70,15 @@ def derive_format(template: JinjaChatTemplate, markers: Iterable[str] = (), **va
     """`variables`: template variables every probe renders with (`enable_thinking=False`)."""
     probe = _Prober(template, tuple(markers), variables)
     return probe.derive()
+
+
+def written_after(template: JinjaChatTemplate, prompt: str, rendered: str) -> str:
+    """What the model wrote for a turn `rendered` (prompt and turn, as the template renders the conversation) holds,
+    where the template drops from the turn the reasoning block `prompt` opens or closes (Nemotron Nano v2, QwQ):
+    the block's closer where the prompt left it open, then the turn."""
+    prober = _Prober(template, ())
+    shared = prober._common_prefix(prompt, rendered)
+    return prober._closer_of(prompt[len(shared):]) + rendered[len(shared):]
 
 
 # the variables a template's reasoning switch is read from, in the order looked for (Kimi K3 reads `thinking`)
@@ -100,6 +114,8 @@ class _Prober:
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self.text_arguments = False  # the template takes arguments as JSON text (format.py `text_arguments`)
         self._text_lead = ""
+        self.reasoning_dropped = False  # `_drops_reasoning`
+        self._framing = ""  # after a turn in a conversation that goes on (`_after_turns`)
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
@@ -126,6 +142,8 @@ class _Prober:
     def turn(self, **assistant) -> str:
         """The text an assistant turn adds after the generation prompt: what the model writes."""
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
+        if self.reasoning_dropped:
+            return self._slots(self._turn_in_history(message))
         full = self._render([{"role": "user", "content": USER}, message], generation=False)
         for reasoning in (THINK, ""):
             if full.startswith(self.gen) or "reasoning_content" in assistant:
@@ -136,14 +154,113 @@ class _Prober:
             message["reasoning_content"] = reasoning
             full = self._render([{"role": "user", "content": USER}, message], generation=False)
         if not full.startswith(self.gen):
-            raise NotDerivable("an assistant turn does not extend the generation prompt (the template renders "
+            raise _NotExtended("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
+        return self._slots(full[len(self.gen):])
+
+    @staticmethod
+    def _slots(turn: str) -> str:
         # a call id the template writes is what the model invents: a slot in the format, not literal text
-        return full[len(self.gen):].replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
+        return turn.replace(_probe_id(0), ID_SLOT).replace(_probe_id(1), ID_SLOT)
+
+    def _drops_reasoning(self) -> bool:
+        """Whether the template renders the turns it prompts for without the reasoning block its generation prompt
+        opens or closes (Nemotron Nano v2's `<think>\n`, Command R7B's `<|START_THINKING|><|END_THINKING|>`, the R1
+        distills'): the turns are then read as the template writes them once the conversation goes on, after the
+        block (`_turn_in_history`). The next prompt cannot start with this one there: the cache forks at each turn,
+        as the load check says."""
+        try:
+            self.turn(content=TEXT)
+            self.turn(tool_calls=[call(NAME_A, {K1: V1})])
+        except _NotExtended:
+            pass
+        except NotDerivable:
+            return False
+        else:
+            return False
+        self.reasoning_dropped = True
+        try:
+            self._framing = self._after_turns()
+            self.turn(content=TEXT)
+        except NotDerivable:
+            self.reasoning_dropped = False
+            return False
+        return True
+
+    def _turn_in_history(self, message: dict) -> str:
+        """What the model writes for `message`, read from a conversation that goes on after it (a user speaks
+        next): the generation prompt's reasoning block closed where the prompt opened it (the model writes its
+        reasoning, the closer, then the turn), nothing where the prompt closed it; the turn as the template writes
+        it, up to its end of turn."""
+        full = self._history(message)
+        shared = self._common_prefix(self.gen, full)
+        end = len(full) - len(self._framing) if full.endswith(self._framing) else -1
+        if not shared or end < len(shared):
+            raise NotDerivable("an assistant turn does not extend the generation prompt, even once the conversation "
+                               "goes on")
+        turn = full[len(shared):end]
+        if THINK in turn:  # the turn's reasoning written where the prompt opened it (Apriel 1.6): the model's own
+            return turn
+        return self._closer_of(self.gen[len(shared):]) + turn
+
+    def _closer_of(self, dropped: str) -> str:
+        """How the model closes the block the prompt left in `dropped` (what the prompt has and the turn does not):
+        "" for an empty block the prompt closed itself, the opener's closer (`</think>`, spelled in the template)
+        for one it left open."""
+        spans = [dropped[a:b] for a, b in dict.fromkeys(self._marker_spans(dropped))]
+        if not dropped.strip():
+            return ""
+        if not spans:
+            return self._text_closer(dropped)
+        if "".join(spans).strip() != "".join(dropped.split()) or len(spans) not in (1, 2):
+            raise NotDerivable(f"the template drops {dropped!r} of its generation prompt from the turn it renders")
+        if len(spans) == 2:
+            return ""  # an empty reasoning block, opened and closed by the prompt
+        opener = spans[0]
+        # the marker the template closes reasoning with where it writes some (Cohere2MoE's `<|END_THINKING|>`), else
+        # the opener's closing tag where the template reads it (the R1 distills split the content at `</think>`)
+        written = self._history({"role": "assistant", "content": TEXT, "reasoning_content": THINK})
+        after = written[written.find(THINK) + len(THINK):] if opener + THINK in written.replace(opener + "\n", opener) \
+            else ""
+        closers = [after[a:b] for a, b in self._marker_spans(after) if not after[:a].strip()]
+        tag = opener.startswith("<") and not opener.startswith("</")
+        closer = closers[0] if closers else "</" + opener[1:] if tag else ""
+        if not closer or closer not in self.template.source:
+            raise NotDerivable(f"the generation prompt opens {opener!r}, which the template never closes")
+        return closer
+
+    def _text_closer(self, dropped: str) -> str:
+        """The closer of a reasoning block the prompt opens with text, no marker (Apriel 1.6's `Here are my
+        reasoning steps:\n`): what the template writes between a turn's reasoning and its text, where it writes
+        that reasoning right where the prompt left off (in the last turn: Apriel 1.6 drops it from earlier ones)."""
+        written = self._render([{"role": "user", "content": USER},
+                                {"role": "assistant", "content": TEXT, "reasoning_content": THINK}], generation=False)
+        shared = self._common_prefix(self.gen, written)
+        turn = written[len(shared):]
+        if not turn.startswith(THINK) or TEXT not in turn or not turn[len(THINK):turn.index(TEXT)].strip():
+            raise NotDerivable(f"the template drops {dropped!r} of its generation prompt from the turn it renders")
+        return turn[len(THINK):turn.index(TEXT)]
+
+    def _history(self, message: dict) -> str:
+        return self._render([{"role": "user", "content": USER}, message, {"role": "user", "content": USER_NEXT}],
+                            generation=False)
+
+    def _after_turns(self) -> str:
+        """The framing after an assistant's turn once the conversation goes on: what a turn of text and a turn of
+        calls are both followed by, after the first marker of it (their end of turn: `<|im_end|>`, `\n<SPECIAL_12>`,
+        Command R7B's `<|END_OF_TURN_TOKEN|>`, each the model's own)."""
+        text, calls = (self._history({"role": "assistant", "content": content, **extra})
+                       for content, extra in ((TEXT, {}), ("", {"tool_calls": [call(NAME_A, {K1: V1})]})))
+        shared = self._common_suffix(text, calls)
+        spans = self._marker_spans(shared)
+        if not spans or USER_NEXT not in shared:
+            raise NotDerivable("an assistant turn does not end on a marker once the conversation goes on")
+        return shared[spans[0][1]:]
 
     # ---------------------------------------------------------------------------------- derivation
 
     def derive(self) -> CallFormat:
+        self._drops_reasoning()
         plain = self.turn(content=TEXT)
         if TEXT not in plain:
             raise NotDerivable("the template does not write an assistant's text")
@@ -163,8 +280,8 @@ class _Prober:
             fmt = self._tagged_calls(lead, tail)
         else:
             raise NotDerivable("the call's arguments are written neither as a JSON object nor as key/value markup")
-        fmt = self._with_slot(self._with_history_ids(
-            self._with_reasoning(self._with_content(fmt, lead), lead, tail)))
+        fmt = self._with_slot(self._with_history_ids(self._with_last_turn_ids(
+            self._with_reasoning(self._with_content(fmt, lead), lead, tail))))
         if lead and not lead.strip() and not fmt.reasons:
             # whitespace every turn opens with, whatever follows (Laguna XS's `\n` after the prompt's `</think>`)
             fmt = _replace(fmt, content_lead=lead)
@@ -206,6 +323,21 @@ class _Prober:
         if not closer:
             return fmt
         return _replace(fmt, call_close=closer, bare_call_close=fmt.call_close)
+
+    def _with_last_turn_ids(self, fmt: CallFormat) -> CallFormat:
+        """Where the turns were read once the conversation goes on (`_drops_reasoning`) with the call's id after its
+        arguments, and the template writes the last turn without it (Apriel 1.6, as its instructions show the model):
+        the closer without the id reads back too (`bare_call_close`, as Apriel 1.5's)."""
+        if not self.reasoning_dropped or fmt.arguments != "json" or ID_SLOT not in fmt.call_close \
+                or not fmt.section_close:
+            return fmt
+        calling = {"role": "assistant", "content": "", "tool_calls": [call(NAME_A, {K1: V1})]}
+        last = self._render([{"role": "user", "content": USER}, calling], generation=False)
+        written = NAME_A + fmt.name_close + _json_text({K1: V1})
+        if written not in last or _probe_id(0) in last:
+            return fmt
+        closer = last[last.index(written) + len(written):].partition(fmt.section_close)[0]
+        return _replace(fmt, bare_call_close=closer) if closer and not any(s in closer for s in SLOTS) else fmt
 
     def _with_slot(self, fmt: CallFormat) -> CallFormat:
         """Where the call's id (or index) is written, and which ids the template accepts."""
@@ -441,11 +573,7 @@ class _Prober:
         if after_two != after:
             raise NotDerivable("the last of two calls does not end the turn like a single call")
         call_open = self._common_suffix(before, mid)
-        cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
-        if cut_before[-1:].isdigit() and cut_mid[-1:].isdigit():
-            # `"tool_call_id": "0", "tool_name": "` / `"1", ...`: an index before the name, which the literals
-            # would otherwise hold as text (a third call would not read)
-            raise NotDerivable("the call's index is written before its name")
+        before, mid, call_open = _index_before_name(before, mid, call_open, self._common_suffix)
         close_and_sep = mid[:len(mid) - len(call_open)]
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
@@ -491,7 +619,9 @@ class _Prober:
 
     def _with_content(self, fmt: CallFormat, lead: str) -> CallFormat:
         turn = self._body(self.turn(content=TEXT, tool_calls=[call(NAME_A, {K1: V1})]), lead)
+        # up to the call's index where it is written before the name (the turn holds the number, `0`)
         opener = fmt.section_open + fmt.call_open + NAME_A
+        opener = opener.partition(INDEX_SLOT)[0] if INDEX_SLOT in opener else opener
         if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
             return _replace(fmt, text_with_calls=False)
         if turn.startswith(opener) and TEXT in turn:  # the text after the calls (Gemma 4)
@@ -513,22 +643,29 @@ class _Prober:
         except NotDerivable:  # reasoning written where the prompt closed it (`enable_thinking` off): none
             return fmt
         if THINK not in turn:  # Kimi K2 Thinking keeps reasoning only in turns that call tools
-            with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            try:
+                with_call = self.turn(content=TEXT, reasoning_content=THINK, tool_calls=[call(NAME_A, {K1: V1})])
+            except NotDerivable:  # written inside the block the prompt closed (Command R7B, thinking off): none
+                with_call = turn
             turn = with_call if THINK in with_call and with_call.index(THINK) < with_call.find(TEXT) else turn
         if THINK not in turn:
             if not lead.strip():
                 return fmt
+            if self.reasoning_dropped:  # the lead closes the block the prompt opened (`_closer_of`): the model
+                return _replace(fmt, think_close=lead, gen_in_think=True)  # starts inside it
             first = _leading_marker(lead, self)
-            if first.startswith("</") and self.gen.endswith("<" + first[2:]):
+            if first.startswith("</") and self.gen.rstrip().endswith("<" + first[2:]):
                 # the prompt opened the block and the template drops what was in it (DeepSeek V3.1, thinking on)
                 return _replace(fmt, think_close=lead, gen_in_think=True)
             return _replace(fmt, think_open=first, think_close=lead)
         think_open, rest = turn.split(THINK, 1)
         if TEXT not in rest:
             raise NotDerivable("reasoning and text are not written one after the other")
-        opener = fmt.section_open + fmt.call_open
+        opener = (fmt.section_open + fmt.call_open).partition(INDEX_SLOT)[0]
         # reasoning ends where the text or the calls begin (Gemma 4 writes its calls before the text)
         think_close = rest[:min(rest.index(TEXT), rest.index(opener) if opener and opener in rest else len(rest))]
+        if self._text_lead and think_close.endswith(self._text_lead) and think_close != self._text_lead:
+            think_close = think_close[:-len(self._text_lead)]  # the text's own lead (Cohere2MoE's `<|START_TEXT|>`)
         if lead and lead == think_close and think_open:
             # a turn without reasoning opens with the closer alone (MiniMax M3's `</mm:think>`)
             return _replace(fmt, think_open=think_open, think_close=think_close, empty_think=True)
@@ -573,6 +710,24 @@ class _Prober:
         while size and (self._inside_marker(a, size) is not None or self._inside_marker(b, size) is not None):
             size -= 1
         return a[:size]
+
+
+def _index_before_name(before: str, mid: str, call_open: str, common_suffix) -> tuple[str, str, str]:
+    """(before, mid, call_open) with the call's index as a slot where the two calls' openers differ only in a number
+    written before the name (Command R7B's `{"tool_call_id": "0", "tool_name": "` / `"1", ...`: counted from 0),
+    the opener then reaching back over the text before the index; unchanged where they do not."""
+    cut_before, cut_mid = before[:len(before) - len(call_open)], mid[:len(mid) - len(call_open)]
+    if not (cut_before[-1:].isdigit() and cut_mid[-1:].isdigit()):
+        return before, mid, call_open
+    if (cut_before[-1], cut_mid[-1]) not in (("0", "1"), ("1", "2")) or cut_before[-2:-1].isdigit() \
+            or cut_mid[-2:-1].isdigit():
+        raise NotDerivable("the calls' openers differ in a number before the name that does not count them")
+    head = common_suffix(cut_before[:-1], cut_mid[:-1])
+    if not head:
+        raise NotDerivable("the call's index is written before its name with nothing opening the call before it")
+    opener = head + INDEX_SLOT + call_open
+    index_at = len(cut_before) - 1 - len(head)
+    return (cut_before[:index_at] + opener, cut_mid[:len(cut_mid) - 1 - len(head)] + opener, opener)
 
 
 def _indexed(first: str, second: str) -> str:
