@@ -30,6 +30,9 @@ model's training one, --override-kv ARCH.context_length (llama-server caps its s
 end-to-end tests pull, ~/.cache/zllm-tests/e2e-data/models/smollm2, an 8K window: use --prompt-scale 0.25 with it,
 or stretch it: --context 32768).
 --prompt-scale shortens the recorded prompt (texts and tools) and the tool results for a quick run.
+--texts FILE keeps every answer's full text per side; --compare-texts FILE (another run's --texts, e.g. the plain
+pair's when this one is --speculative) prints, per step and side, whether the answers are identical or where they
+first differ: zllm's greedy answers with speculation must equal its answers without.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--claude", default=None, help="the claude CLI to record one with if none is recorded")
     parser.add_argument("--echo-tokens", type=int, default=512)
     parser.add_argument("--json", action="store_true", help="also one JSON line per request")
+    parser.add_argument("--texts", type=Path, default=None,
+                        help="write every request's full answer text, per side, to this JSON file (after each step)")
+    parser.add_argument("--compare-texts", type=Path, default=None,
+                        help="a --texts file of another run (e.g. the plain pair's): compare zllm's answers with "
+                             "its zllm answers step by step (identical, or the first differing character)")
     parser.add_argument("--llama-template", default="auto",
                         help="llama-server's --chat-template-file: auto (ChatML with tools as zllm renders them when "
                              "the model's own template ignores tools), model (the GGUF's own), or a file")
@@ -219,6 +227,29 @@ def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
     return out
 
 
+def first_difference(a: str, b: str) -> int | None:
+    """The index of the first character where a and b differ (the shorter one's length if one is a prefix of the
+    other), None when they are identical."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare_texts(texts: dict[str, dict[str, str]], other_file: Path, side: str = "zllm") -> list[dict]:
+    """This run's `side` answers against another run's, step by step (the steps both runs made)."""
+    other = json.loads(other_file.read_text())
+    out = []
+    for step, answers in texts.items():
+        if step not in other:
+            continue
+        mine, theirs = answers[side], other[step][side]
+        at = first_difference(mine, theirs)
+        out.append({"step": step, "identical": at is None, "first_difference": at,
+                    "chars": [len(mine), len(theirs)],
+                    "context": None if at is None else [mine[max(0, at - 20):at + 20], theirs[max(0, at - 20):at + 20]]})
+    return out
+
+
 def main() -> None:
     args = parse_args()
     model_dir = model_dir_of(args.model)
@@ -232,6 +263,7 @@ def main() -> None:
     print("# llama-server: " + " ".join(pair["llama_server"].command[1:]))
     print("# zllm: " + " ".join(pair["zllm"].command[-10:]))
     rows, phase, order = [], "before", list(SIDES)
+    texts: dict[str, dict[str, str]] = {}
     try:
         for server in pair.values():
             server.start()
@@ -252,6 +284,9 @@ def main() -> None:
             order.reverse()  # the other server goes first next time
             rows.append((phase, step, results))
             print(turn_line(step, results), flush=True)
+            texts[step.name] = {side: r.text for side, r in results.items()}
+            if args.texts:
+                args.texts.write_text(json.dumps(texts, indent=1))
             if args.json:
                 print(json.dumps({"bench": "session", "step": step.name, "kind": step.kind, "phase": phase,
                                   **{side: {**vars(r), "decode": r.decode, "text": r.text[:200]}
@@ -270,6 +305,15 @@ def main() -> None:
     for line in summary(rows):
         print(json.dumps({"bench": "session", "speculative": args.speculative, "threads": args.threads,
                           "turns": args.turns, "prompt_scale": args.prompt_scale, **line}), flush=True)
+    if args.compare_texts:
+        for side in SIDES:
+            compared = compare_texts(texts, args.compare_texts, side)
+            for line in compared:
+                print(json.dumps({"bench": "session", "compare": str(args.compare_texts), "side": side, **line}),
+                      flush=True)
+            same = sum(line["identical"] for line in compared)
+            print(f"# {side}'s answers identical to {args.compare_texts}'s on {same} of {len(compared)} steps",
+                  flush=True)
 
 
 if __name__ == "__main__":
