@@ -78,6 +78,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="also one JSON line per request")
     parser.add_argument("--texts", type=Path, default=None,
                         help="write every request's full answer text, per side, to this JSON file (after each step)")
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="copy both servers' logs here at the end (zllm's per-request prefill / decode lines, "
+                             "llama-server's print_timing)")
     parser.add_argument("--compare-texts", type=Path, default=None,
                         help="a --texts file of another run (e.g. the plain pair's): compare zllm's answers with "
                              "its zllm answers step by step (identical, or the first differing character)")
@@ -294,6 +297,11 @@ def main() -> None:
     finally:
         for server in pair.values():
             server.stop()
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for server in pair.values():
+                if server.log.is_file():
+                    shutil.copy(server.log, args.logs / server.log.name)
         shutil.rmtree(scratch, ignore_errors=True)
     apart = [step.name for _, step, r in rows
              if abs(r["zllm"].prompt_tokens - r["llama_server"].prompt_tokens)
