@@ -14,7 +14,9 @@ Both servers run at once, same GGUF, same threads, and every request goes to bot
 API on both (`POST /v1/messages`, streaming; llama-server has its own /v1/messages that renders the same messages
 with the model's chat template via --jinja); which server goes first alternates step by step. Per request: wall
 (from this process), TTFT (to the first content delta), decode = wall - TTFT, prompt tokens each side counted
-(input + cache read + cache creation) and the cached part, output tokens.
+(input + cache read + cache creation) and the cached part, output tokens, and each server process's CPU
+seconds (utime + stime, all threads) over the step: on a shared machine other processes stretch wall time, not CPU
+time, and work a server does after its answer (zllm's SSD write of the turn) is counted in the step.
 
 llama-server gets its best settings for one agent user: `-c CONTEXT --jinja -np 1 --cache-reuse 256 --cache-ram
 8192` (one slot with the whole window: an agent sends one request at a time; the host-RAM prompt cache keeps the
@@ -153,6 +155,7 @@ class Result:
 
     wall: float = 0.0
     ttft: float = 0.0
+    cpu: float = 0.0  # the server process's CPU seconds (all threads) over the whole step: robust to other load
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
@@ -208,11 +211,12 @@ def turn_line(step: Step, results: dict[str, Result]) -> str:
     z, l = results["zllm"], results["llama_server"]
     return (f"{step.name:<13} {z.prompt_tokens:>6}/{l.prompt_tokens:<6} {z.cached_tokens:>6}/{l.cached_tokens:<6} "
             f"{z.ttft:8.2f} {l.ttft:8.2f} {z.decode:7.2f} {l.decode:7.2f} {z.output_tokens:>4}/{l.output_tokens:<4} "
-            f"{z.wall:8.2f} {l.wall:8.2f} {z.wall / l.wall:6.2f}")
+            f"{z.wall:8.2f} {l.wall:8.2f} {z.wall / l.wall:6.2f} {z.cpu:8.2f} {l.cpu:8.2f} "
+            f"{z.cpu / max(l.cpu, 1e-9):6.2f}")
 
 
 HEADER = (f"{'step':<13} {'prompt z/l':>13} {'cached z/l':>13} {'ttft z':>8} {'ttft l':>8} {'dec z':>7} {'dec l':>7} "
-          f"{'out z/l':>9} {'wall z':>8} {'wall l':>8} {'ratio':>6}")
+          f"{'out z/l':>9} {'wall z':>8} {'wall l':>8} {'ratio':>6} {'cpu z':>8} {'cpu l':>8} {'cpu r':>6}")
 
 
 def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
@@ -222,11 +226,14 @@ def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
         if not chosen:
             continue
         sums = {side: {key: round(sum(getattr(r[side], key) for r in chosen), 2)
-                       for key in ("wall", "ttft", "decode", "prompt_tokens", "cached_tokens", "output_tokens")}
+                       for key in ("wall", "ttft", "decode", "cpu", "prompt_tokens", "cached_tokens",
+                                   "output_tokens")}
                 for side in SIDES}
         out.append({"phase": phase, "requests": len(chosen),
                     "ratio": round(sums["zllm"]["wall"] / sums["llama_server"]["wall"], 3),
-                    "ttft_ratio": round(sums["zllm"]["ttft"] / max(sums["llama_server"]["ttft"], 1e-9), 3), **sums})
+                    "ttft_ratio": round(sums["zllm"]["ttft"] / max(sums["llama_server"]["ttft"], 1e-9), 3),
+                    "decode_ratio": round(sums["zllm"]["decode"] / max(sums["llama_server"]["decode"], 1e-9), 3),
+                    "cpu_ratio": round(sums["zllm"]["cpu"] / max(sums["llama_server"]["cpu"], 1e-9), 3), **sums})
     return out
 
 
@@ -283,7 +290,10 @@ def main() -> None:
                 phase = "after"
                 print("# both servers restarted", flush=True)
                 continue
+            cpu_before = {side: pair[side].cpu_seconds() for side in SIDES}
             results = {side: send(pair[side].port, step.body, model_dir.name) for side in order}
+            for side in SIDES:  # over the step, so work a server does after its answer (an SSD write) counts too
+                results[side].cpu = pair[side].cpu_seconds() - cpu_before[side]
             order.reverse()  # the other server goes first next time
             rows.append((phase, step, results))
             print(turn_line(step, results), flush=True)
