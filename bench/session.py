@@ -14,7 +14,9 @@ Both servers run at once, same GGUF, same threads, and every request goes to bot
 API on both (`POST /v1/messages`, streaming; llama-server has its own /v1/messages that renders the same messages
 with the model's chat template via --jinja); which server goes first alternates step by step. Per request: wall
 (from this process), TTFT (to the first content delta), decode = wall - TTFT, prompt tokens each side counted
-(input + cache read + cache creation) and the cached part, output tokens.
+(input + cache read + cache creation) and the cached part, output tokens, and each server process's CPU
+seconds (utime + stime, all threads) over the step: on a shared machine other processes stretch wall time, not CPU
+time, and work a server does after its answer (zllm's SSD write of the turn) is counted in the step.
 
 llama-server gets its best settings for one agent user: `-c CONTEXT --jinja -np 1 --cache-reuse 256 --cache-ram
 8192` (one slot with the whole window: an agent sends one request at a time; the host-RAM prompt cache keeps the
@@ -30,6 +32,9 @@ model's training one, --override-kv ARCH.context_length (llama-server caps its s
 end-to-end tests pull, ~/.cache/zllm-tests/e2e-data/models/smollm2, an 8K window: use --prompt-scale 0.25 with it,
 or stretch it: --context 32768).
 --prompt-scale shortens the recorded prompt (texts and tools) and the tool results for a quick run.
+--texts FILE keeps every answer's full text per side; --compare-texts FILE (another run's --texts, e.g. the plain
+pair's when this one is --speculative) prints, per step and side, whether the answers are identical or where they
+first differ: zllm's greedy answers with speculation must equal its answers without.
 """
 
 from __future__ import annotations
@@ -73,6 +78,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--claude", default=None, help="the claude CLI to record one with if none is recorded")
     parser.add_argument("--echo-tokens", type=int, default=512)
     parser.add_argument("--json", action="store_true", help="also one JSON line per request")
+    parser.add_argument("--texts", type=Path, default=None,
+                        help="write every request's full answer text, per side, to this JSON file (after each step)")
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="copy both servers' logs here at the end (zllm's per-request prefill / decode lines, "
+                             "llama-server's print_timing)")
+    parser.add_argument("--compare-texts", type=Path, default=None,
+                        help="a --texts file of another run (e.g. the plain pair's): compare zllm's answers with "
+                             "its zllm answers step by step (identical, or the first differing character)")
     parser.add_argument("--llama-template", default="auto",
                         help="llama-server's --chat-template-file: auto (ChatML with tools as zllm renders them when "
                              "the model's own template ignores tools), model (the GGUF's own), or a file")
@@ -142,6 +155,7 @@ class Result:
 
     wall: float = 0.0
     ttft: float = 0.0
+    cpu: float = 0.0  # the server process's CPU seconds (all threads) over the whole step: robust to other load
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
@@ -197,11 +211,12 @@ def turn_line(step: Step, results: dict[str, Result]) -> str:
     z, l = results["zllm"], results["llama_server"]
     return (f"{step.name:<13} {z.prompt_tokens:>6}/{l.prompt_tokens:<6} {z.cached_tokens:>6}/{l.cached_tokens:<6} "
             f"{z.ttft:8.2f} {l.ttft:8.2f} {z.decode:7.2f} {l.decode:7.2f} {z.output_tokens:>4}/{l.output_tokens:<4} "
-            f"{z.wall:8.2f} {l.wall:8.2f} {z.wall / l.wall:6.2f}")
+            f"{z.wall:8.2f} {l.wall:8.2f} {z.wall / l.wall:6.2f} {z.cpu:8.2f} {l.cpu:8.2f} "
+            f"{z.cpu / max(l.cpu, 1e-9):6.2f}")
 
 
 HEADER = (f"{'step':<13} {'prompt z/l':>13} {'cached z/l':>13} {'ttft z':>8} {'ttft l':>8} {'dec z':>7} {'dec l':>7} "
-          f"{'out z/l':>9} {'wall z':>8} {'wall l':>8} {'ratio':>6}")
+          f"{'out z/l':>9} {'wall z':>8} {'wall l':>8} {'ratio':>6} {'cpu z':>8} {'cpu l':>8} {'cpu r':>6}")
 
 
 def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
@@ -211,11 +226,37 @@ def summary(rows: list[tuple[str, Step, dict[str, Result]]]) -> list[dict]:
         if not chosen:
             continue
         sums = {side: {key: round(sum(getattr(r[side], key) for r in chosen), 2)
-                       for key in ("wall", "ttft", "decode", "prompt_tokens", "cached_tokens", "output_tokens")}
+                       for key in ("wall", "ttft", "decode", "cpu", "prompt_tokens", "cached_tokens",
+                                   "output_tokens")}
                 for side in SIDES}
         out.append({"phase": phase, "requests": len(chosen),
                     "ratio": round(sums["zllm"]["wall"] / sums["llama_server"]["wall"], 3),
-                    "ttft_ratio": round(sums["zllm"]["ttft"] / max(sums["llama_server"]["ttft"], 1e-9), 3), **sums})
+                    "ttft_ratio": round(sums["zllm"]["ttft"] / max(sums["llama_server"]["ttft"], 1e-9), 3),
+                    "decode_ratio": round(sums["zllm"]["decode"] / max(sums["llama_server"]["decode"], 1e-9), 3),
+                    "cpu_ratio": round(sums["zllm"]["cpu"] / max(sums["llama_server"]["cpu"], 1e-9), 3), **sums})
+    return out
+
+
+def first_difference(a: str, b: str) -> int | None:
+    """The index of the first character where a and b differ (the shorter one's length if one is a prefix of the
+    other), None when they are identical."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare_texts(texts: dict[str, dict[str, str]], other_file: Path, side: str = "zllm") -> list[dict]:
+    """This run's `side` answers against another run's, step by step (the steps both runs made)."""
+    other = json.loads(other_file.read_text())
+    out = []
+    for step, answers in texts.items():
+        if step not in other:
+            continue
+        mine, theirs = answers[side], other[step][side]
+        at = first_difference(mine, theirs)
+        out.append({"step": step, "identical": at is None, "first_difference": at,
+                    "chars": [len(mine), len(theirs)],
+                    "context": None if at is None else [mine[max(0, at - 20):at + 20], theirs[max(0, at - 20):at + 20]]})
     return out
 
 
@@ -232,6 +273,7 @@ def main() -> None:
     print("# llama-server: " + " ".join(pair["llama_server"].command[1:]))
     print("# zllm: " + " ".join(pair["zllm"].command[-10:]))
     rows, phase, order = [], "before", list(SIDES)
+    texts: dict[str, dict[str, str]] = {}
     try:
         for server in pair.values():
             server.start()
@@ -248,10 +290,16 @@ def main() -> None:
                 phase = "after"
                 print("# both servers restarted", flush=True)
                 continue
+            cpu_before = {side: pair[side].cpu_seconds() for side in SIDES}
             results = {side: send(pair[side].port, step.body, model_dir.name) for side in order}
+            for side in SIDES:  # over the step, so work a server does after its answer (an SSD write) counts too
+                results[side].cpu = pair[side].cpu_seconds() - cpu_before[side]
             order.reverse()  # the other server goes first next time
             rows.append((phase, step, results))
             print(turn_line(step, results), flush=True)
+            texts[step.name] = {side: r.text for side, r in results.items()}
+            if args.texts:
+                args.texts.write_text(json.dumps(texts, indent=1))
             if args.json:
                 print(json.dumps({"bench": "session", "step": step.name, "kind": step.kind, "phase": phase,
                                   **{side: {**vars(r), "decode": r.decode, "text": r.text[:200]}
@@ -259,6 +307,11 @@ def main() -> None:
     finally:
         for server in pair.values():
             server.stop()
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for server in pair.values():
+                if server.log.is_file():
+                    shutil.copy(server.log, args.logs / server.log.name)
         shutil.rmtree(scratch, ignore_errors=True)
     apart = [step.name for _, step, r in rows
              if abs(r["zllm"].prompt_tokens - r["llama_server"].prompt_tokens)
@@ -270,6 +323,15 @@ def main() -> None:
     for line in summary(rows):
         print(json.dumps({"bench": "session", "speculative": args.speculative, "threads": args.threads,
                           "turns": args.turns, "prompt_scale": args.prompt_scale, **line}), flush=True)
+    if args.compare_texts:
+        for side in SIDES:
+            compared = compare_texts(texts, args.compare_texts, side)
+            for line in compared:
+                print(json.dumps({"bench": "session", "compare": str(args.compare_texts), "side": side, **line}),
+                      flush=True)
+            same = sum(line["identical"] for line in compared)
+            print(f"# {side}'s answers identical to {args.compare_texts}'s on {same} of {len(compared)} steps",
+                  flush=True)
 
 
 if __name__ == "__main__":

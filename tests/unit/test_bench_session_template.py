@@ -59,3 +59,18 @@ def test_a_template_without_tools_gets_chatml_with_zllms_tool_block(tmp_path: Pa
 
 def test_a_template_that_renders_tools_is_kept(tmp_path: Path) -> None:
     assert written_template(tmp_path, "{% if tools %}{{ tools | tojson }}{% endif %}") == []
+
+
+def test_compare_texts_names_the_first_differing_character(tmp_path: Path) -> None:
+    """The speculative pair's answers against the plain pair's: identical, or where they first part."""
+    other = tmp_path / "plain.json"
+    other.write_text(json.dumps({"main1": {"zllm": "abcdef", "llama_server": "x"},
+                                 "main2": {"zllm": "same", "llama_server": "y"},
+                                 "main3": {"zllm": "prefix", "llama_server": "z"}}))
+    mine = {"main1": {"zllm": "abcXef", "llama_server": "x"}, "main2": {"zllm": "same", "llama_server": "y"},
+            "main3": {"zllm": "prefix and more", "llama_server": "z"}, "main4": {"zllm": "new", "llama_server": "n"}}
+    compared = {line["step"]: line for line in session.compare_texts(mine, other)}
+    assert sorted(compared) == ["main1", "main2", "main3"]  # a step only one run made is not compared
+    assert compared["main1"]["first_difference"] == 3 and not compared["main1"]["identical"]
+    assert compared["main2"]["identical"] and compared["main2"]["first_difference"] is None
+    assert compared["main3"]["first_difference"] == len("prefix")  # one answer a prefix of the other
