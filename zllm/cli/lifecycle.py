@@ -28,6 +28,7 @@ from zllm.cli.connect import (
     daemon_errors,
     settings_or_fail,
 )
+from zllm.cli.interrupts import ctrl_c_ends_the_follow
 from zllm.cli.output import err, fail, fail_with, print_json
 from zllm.cli.spawn import (
     StartFailed,
@@ -231,6 +232,8 @@ def logs(
 ) -> None:
     """Show the daemon's log: over the control socket, or from the log file when no daemon runs."""
     settings = settings_or_fail()
+    if follow:
+        ctrl_c_ends_the_follow()
     try:
         with daemon_errors(settings):
             try:

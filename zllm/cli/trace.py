@@ -16,20 +16,18 @@ of `prompt_tokens` in the cache); following starts with the requests under way.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable
 
 import typer
 
 from zllm.cli.connect import connect, daemon_errors
+from zllm.cli.interrupts import ctrl_c_ends_the_follow
 from zllm.cli.output import out
 
 LIVE_ROWS = 20
-EXIT_GRACE_S = 5
+SHOW_CURSOR = b"\x1b[?25h\n"  # the live table hides it
 COLUMNS = ("TIME", "STATE", "REQUEST", "API", "MODEL", "NS", "PROMPT", "CACHED", "RESTORE", "TTFT", "TOK/S", "OUT",
            "FINISH", "NOTES")
 
@@ -47,34 +45,20 @@ def trace(
 ) -> None:
     """Show requests as they run: tokens, cache hits and tier, timings, dialect, tool calls, finish, notes."""
     following = follow if follow is not None else last is None
+    if following:
+        ctrl_c_ends_the_follow(restore=SHOW_CURSOR if not as_json and out.is_terminal else b"")
     try:
         with daemon_errors():
             reports = connect().trace(last=10 if last is None else last, follow=following)
             if as_json:
                 _print_ndjson(reports)
             elif following and out.is_terminal:
-                _exit_soon_after_ctrl_c()
                 _live(reports)
             else:
                 for report in reports:
                     _print_line(report)
     except KeyboardInterrupt:  # the way to stop following
         return
-
-
-def _exit_soon_after_ctrl_c() -> None:
-    """The live table's Ctrl-C ends the process within EXIT_GRACE_S even if the unwinding stalls: it hung past
-    150 s twice in CI (inside rich or the socket file, never reproduced by hand). A normal exit comes first and
-    ends the backstop with the process; the backstop puts the cursor back and leaves with status 0, as a clean
-    stop does."""
-    def interrupted(signum, frame) -> None:
-        # os.write, not sys.stdout: a stalled unwinding may hold the stream's lock
-        signal.signal(signal.SIGALRM, lambda *_: (os.write(1, b"\x1b[?25h\n"), os._exit(0)))
-        signal.alarm(EXIT_GRACE_S)
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, interrupted)
 
 
 def _print_ndjson(reports: Iterable[dict]) -> None:
