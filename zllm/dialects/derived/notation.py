@@ -51,6 +51,7 @@ class NotationCursor:
         self.expect_key = False
         self.have_value = False  # the current slot holds a value already (a string, a nested close)
         self.done = self.error = False
+        self.rest = ""  # nothing read past the value to give back (kwargs.py's cursor may have some)
 
     def step(self, ch: str) -> str:
         if self.done or self.error:

@@ -366,28 +366,15 @@ class DerivedParser(StreamParser):
         return ""
 
     def _in_notation(self, text: str) -> str:
-        cursor = self._cursor
-        out = ""
-        for at, ch in enumerate(text):
-            piece = cursor.step(ch)
-            if cursor.error:  # not the notation: the call ends there, the rest is text
-                self._emit_args(out)
-                self._end_call(completed=False)
-                self._go(_State.TEXT)
-                return text[at:]
-            out += piece
-            if cursor.done:
-                self._emit_args(out)
-                if self.f.call_close:
-                    self._go(_State.CALL_CLOSE)
-                else:
-                    self._end_call(completed=True)
-                    self._go(_State.AFTER_CALL)
-                return text[at + 1:]
-        self._emit_args(out)
-        return ""
+        # the call's closer follows the value (or there is none)
+        return self._in_value_cursor(text, reads_closer=False)
 
     def _in_kwargs(self, text: str) -> str:
+        # the cursor reads the closer too, and gives back what it read past it (`rest`)
+        return self._in_value_cursor(text, reads_closer=True)
+
+    def _in_value_cursor(self, text: str, reads_closer: bool) -> str:
+        """Arguments read character by character by a notation or kwargs cursor, until it is done or fails."""
         cursor = self._cursor
         out = ""
         for at, ch in enumerate(text):
@@ -398,10 +385,13 @@ class DerivedParser(StreamParser):
                 self._go(_State.TEXT)
                 return cursor.rest + text[at:]
             out += piece
-            if cursor.done:  # the closer read (and what the cursor read past it, given back)
+            if cursor.done:
                 self._emit_args(out)
-                self._end_call(completed=True)
-                self._go(_State.AFTER_CALL)
+                if self.f.call_close and not reads_closer:
+                    self._go(_State.CALL_CLOSE)
+                else:
+                    self._end_call(completed=True)
+                    self._go(_State.AFTER_CALL)
                 return cursor.rest + text[at + 1:]
         self._emit_args(out)
         return ""
