@@ -65,6 +65,9 @@ class KeptState:
     buffers: Any = None
 
 
+UNBOUNDED_ROWS = 1 << 30  # verify_rows of an engine that promises no bound of its own
+
+
 class Engine(Protocol):
     backend: str
     device: Any  # torch.device the logits live on; None: numpy arrays in host memory

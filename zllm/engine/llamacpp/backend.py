@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import llama_cpp as lc
 import numpy as np
 
-from zllm.engine.contract import KeptState, Row
+from zllm.engine.contract import UNBOUNDED_ROWS, KeptState, Row
 from zllm.engine.llamacpp.row_agreement import agreeing_rows
 from zllm.errors import EngineFailure
 
@@ -85,7 +85,6 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 Q8_0_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
 # query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
 TILED_ATTENTION_ROWS = 64
-UNBOUNDED_ROWS = 1 << 30  # verify_rows when no exactness is promised (no uniform_rows)
 # rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
 # with the square; 9 take the 135M Q8_0 file's load from 0.8 to 5.7 s at 1 thread on a loaded machine): drafts
 # of 8 tokens at most where nothing pads. The kernels that agree without a pad batch poorly: a verify costs
@@ -163,6 +162,7 @@ class LlamaCppEngine:
         self._rows_agree = False  # measured: a verify's rows give 1-token decoding's bits with no pad row
         self.bytes_per_token = self._measure_bytes_per_token()
         # the most tokens one decode may verify and still give 1-token decoding's bits (speculation's drafts)
+        # (UNBOUNDED_ROWS when no exactness is promised: no uniform_rows)
         self.verify_rows = TILED_ATTENTION_ROWS - 1 if self._pads else UNBOUNDED_ROWS
         if settings.uniform_rows and not settings.exact:
             self._measure_row_agreement()

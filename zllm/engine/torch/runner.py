@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from zllm.engine.contract import KeptState, Row
+from zllm.engine.contract import UNBOUNDED_ROWS, KeptState, Row
 from zllm.engine.torch.kv_layers import cache_buffers, cache_state, crop_to, croppable, working_cache
 from zllm.engine.torch.packed import Segment, packed_forward, supports_packing, use_packed_attention
 
@@ -51,7 +51,7 @@ class ModelRunner:
 
     backend = "torch"
     step_rows = 1
-    verify_rows = 1 << 30  # no bound of its own (a draft is capped by SpeculationConfig.max_draft)
+    verify_rows = UNBOUNDED_ROWS  # no bound of its own (a draft is capped by SpeculationConfig.max_draft)
 
     # ------------------------------------------------------------------ the engine seam (contract.py)
 
