@@ -26,6 +26,13 @@ from zllm.dialects.hermes.json_cursor import JsonCursor
 from zllm.dialects.scan import TagScanner
 
 _NAME_LIMIT = 256
+
+
+def _one_word(written: str) -> bool:
+    """Whether what was read where a name or an id goes can be one: a word, no longer than a name may be."""
+    return bool(written) and not any(c.isspace() for c in written) and len(written) <= _NAME_LIMIT
+
+
 # a tagged value as a template's `| string` writes it (format.py `python_constants`) → its JSON
 PYTHON_CONSTANTS = {"True": "true", "False": "false", "None": "null"}
 
@@ -309,7 +316,7 @@ class DerivedParser(StreamParser):
         if tag is None and len(self._name) <= _NAME_LIMIT:
             return ""
         name = self._name
-        if tag is None or not name or any(c.isspace() for c in name) or len(name) > _NAME_LIMIT:
+        if tag is None or not _one_word(name):
             self._text(self._opened + name)  # not a call after all
             self._go(_State.TEXT)
             return tag or ""
@@ -421,7 +428,7 @@ class DerivedParser(StreamParser):
             self._text(self._opened + self._name + split_slot(self.f.name_close)[0] + written)
             self._go(_State.TEXT)
             return tag or ""
-        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
+        if tag is None or not _one_word(written):
             self._end_call(completed=False)  # not an id: the call ends there, the rest is text
             self._text(written)
             self._go(_State.TEXT)
@@ -439,7 +446,7 @@ class DerivedParser(StreamParser):
 
     def _slot_read(self, written: str, tag: str | None) -> str:
         """The id before a call's name: the name follows its closer; anything else was text."""
-        if tag is None or not written or any(c.isspace() for c in written) or len(written) > _NAME_LIMIT:
+        if tag is None or not _one_word(written):
             self._text(self._opened + written)
             self._go(_State.TEXT)
             return tag or ""
