@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    loaded = [load_gguf_model(d, threads=args.threads) for d in args.dirs]
+    loaded = [load_gguf_model(d, threads=args.threads, exact_cache=False) for d in args.dirs]  # the daemon's default
     renderer = PromptRenderer(loaded[0].tokenizer)
     prefill_ids, decode_ids = long_prompt(renderer, args.prompt_tokens), chat_ids(renderer, DECODE_QUESTION)
     t = args.threads

@@ -35,7 +35,7 @@ from zllm.engine.llamacpp.loader import load_gguf_model
 model_dir, threads, servers, backend, prompt_tokens, new_tokens = sys.argv[1:7]
 start = time.perf_counter()
 model = load_gguf_model(model_dir, threads=int(threads), rpc_servers=tuple(s for s in servers.split(",") if s),
-                        rpc_backend=backend)
+                        rpc_backend=backend, exact_cache=False)  # the daemon's default
 load_s = time.perf_counter() - start
 engine = model.engine
 seq = engine.open()

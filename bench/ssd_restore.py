@@ -52,7 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = resolve_model_dir(args)
     sizes = [int(size) for size in args.sizes.split(",")]
-    loaded = load_gguf_model(model_dir, threads=args.threads, context_length=max(sizes) + 64)
+    loaded = load_gguf_model(model_dir, threads=args.threads, context_length=max(sizes) + 64,
+                             exact_cache=False)  # the daemon's default
     engine, scratch = loaded.engine, Path(tempfile.mkdtemp(prefix="zllm-bench-ssd-"))
     try:
         store = SnapshotStore(scratch, "bench", 1 << 40)
