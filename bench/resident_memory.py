@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_args import FILLER, model_parser, resolve_model_dir
+from llamacpp_server import private_store  # noqa: E402  (bench/llamacpp_server.py)
 
 from tests.support.daemon import free_port
 from zllm.model_files import GGUF_FILE
@@ -99,7 +100,8 @@ def main() -> None:
     if model_dir.parent.name != "models":
         sys.exit(f"error: {model_dir} is not in a zllm store (DATA_DIR/models/NAME): pull the GGUF first")
     scratch = Path(tempfile.mkdtemp(prefix="zllm-bench-mem-"))
-    env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
+    data = private_store(model_dir, scratch / "data")  # one daemon per store: never the e2e tests' shared one
+    env = {**os.environ, "ZLLM_DATA_DIR": str(data), "ZLLM_STATE_DIR": str(scratch / "state"),
            "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run"),
            "ZLLM_CONFIG": str(scratch / "config.toml"), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -40,6 +40,9 @@ from pathlib import Path
 
 import openai
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_server import private_store  # noqa: E402  (bench/llamacpp_server.py)
+
 SYSTEM = ("You are a careful coding assistant. You read the code, explain what it does, and propose small, safe "
           "changes with a short reason for each. ") * 8
 
@@ -48,7 +51,8 @@ def start_daemon(model_dir: Path, python: str, threads: int, vllm_args: str,
                  vllm_url: str | None) -> tuple[subprocess.Popen, int, Path]:
     scratch = Path(tempfile.mkdtemp(prefix="zllm-vllm-bench-"))
     port = free_port()
-    env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
+    data = private_store(model_dir, scratch / "data")  # one daemon per store: never the e2e tests' shared one
+    env = {**os.environ, "ZLLM_DATA_DIR": str(data), "ZLLM_STATE_DIR": str(scratch / "state"),
            "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run")}
     log = open(scratch / "daemon.log", "w")
     engine = ["--vllm-url", vllm_url] if vllm_url else ["--vllm-python", python, "--vllm-args", vllm_args,
