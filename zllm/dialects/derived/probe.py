@@ -24,6 +24,7 @@ from zllm.dialects.derived.format import (
     SLOTS,
     STRICT_ID,
     CallFormat,
+    json_lines,
     split_slot,
 )
 from zllm.dialects.derived.jinja import JinjaChatTemplate
@@ -116,6 +117,7 @@ class _Prober:
         self._text_lead = ""
         self.reasoning_dropped = False  # `_drops_reasoning`
         self._framing = ""  # after a turn in a conversation that goes on (`_after_turns`)
+        self.trailing = ""  # what the template writes after the last message, whatever it is (`_trailing_block`)
         self.gen = self._render([{"role": "user", "content": USER}], generation=True)
 
     # ---------------------------------------------------------------------------------- rendering
@@ -144,7 +146,7 @@ class _Prober:
         message = {"role": "assistant", "content": assistant.pop("content", ""), **assistant}
         if self.reasoning_dropped:
             return self._slots(self._turn_in_history(message))
-        full = self._render([{"role": "user", "content": USER}, message], generation=False)
+        full = self._without_trailing(self._render([{"role": "user", "content": USER}, message], generation=False))
         for reasoning in (THINK, ""):
             if full.startswith(self.gen) or "reasoning_content" in assistant:
                 break
@@ -152,11 +154,41 @@ class _Prober:
             # extends that prompt only with its reasoning in it; one that closes an empty block (Qwen3.5 with
             # `enable_thinking` off): a turn extends it with its reasoning empty
             message["reasoning_content"] = reasoning
-            full = self._render([{"role": "user", "content": USER}, message], generation=False)
+            full = self._without_trailing(self._render([{"role": "user", "content": USER}, message],
+                                                       generation=False))
         if not full.startswith(self.gen):
             raise _NotExtended("an assistant turn does not extend the generation prompt (the template renders "
                                "the last turn differently from how the model is prompted to write it)")
         return self._slots(full[len(self.gen):])
+
+    def _without_trailing(self, full: str) -> str:
+        if self.trailing and not full.endswith(self.trailing):
+            raise NotDerivable("the block the template writes after the last message is not written after a turn")
+        return full[:len(full) - len(self.trailing)]
+
+    def _trailing_block(self) -> str:
+        """A block the template writes after the last message, whatever that message is, and before the generation
+        prompt (Command R+'s `<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Write 'Action:' ...` instruction): what a turn
+        of text and a turn of calls both end with, from its first marker, that the conversation before them ends with
+        too. The turns are read without it, after the generation prompt without it (`gen`); the next turn's prompt
+        moves it after the new messages, so it cannot start with this one: the cache forks at each turn, as the load
+        check says. "" where the template writes none."""
+        base = self._render([{"role": "user", "content": USER}], generation=False)
+        if not self.gen.startswith(base):
+            return ""
+        opener = self.gen[len(base):]
+        turns = [self._render([{"role": "user", "content": USER}, {"role": "assistant", **message}], generation=False)
+                 for message in ({"content": TEXT}, {"content": "", "tool_calls": [call(NAME_A, {K1: V1})]})]
+        shared = self._common_suffix(*turns)
+        spans = self._marker_spans(shared)
+        block = shared[spans[0][0]:] if spans else ""
+        if not block or not base.endswith(block):
+            return ""
+        head = base[:len(base) - len(block)] + opener
+        if not opener or not all(turn.startswith(head) for turn in turns):
+            return ""
+        self.gen = head
+        return block
 
     @staticmethod
     def _slots(turn: str) -> str:
@@ -260,6 +292,10 @@ class _Prober:
     # ---------------------------------------------------------------------------------- derivation
 
     def derive(self) -> CallFormat:
+        try:
+            self.turn(content=TEXT)
+        except _NotExtended:
+            self.trailing = self._trailing_block()
         self._drops_reasoning()
         plain = self.turn(content=TEXT)
         if TEXT not in plain:
@@ -272,6 +308,8 @@ class _Prober:
             raise NotDerivable("the template writes no tool calls (a call's name never appears in its rendering)")
         if json.dumps({K1: V1}, ensure_ascii=False) in one:
             fmt = self._json_calls(lead, tail)
+        elif (layout := self._json_layout(lead)) is not None:
+            fmt = self._json_calls(lead, tail, layout=layout)
         elif (spelling := self._notation(lead)) is not None:
             fmt = self._json_calls(lead, tail, spelling)
         elif (spelling := self._kwargs(lead)) is not None:
@@ -287,7 +325,7 @@ class _Prober:
             fmt = _replace(fmt, content_lead=lead)
         if fmt.end_opens_calls and not fmt.text_close:
             fmt = _replace(fmt, text_close=fmt.turn_end)  # GigaChat 3: after text, the marker closes it
-        return _replace(fmt, text_lead=self._text_lead, text_arguments=self.text_arguments)
+        return _replace(fmt, text_lead=self._text_lead, text_arguments=self.text_arguments, after_last=self.trailing)
 
     def _split_text_lead(self, lead: str, calling: str) -> str:
         """The lead a turn of calls shares with a turn of text; the rest of the text's lead is the text's own
@@ -407,12 +445,31 @@ class _Prober:
 
         return kwargs.kwargs_spelling(written, K1, K2, V1, V2, VN)
 
+    def _json_layout(self, lead: str) -> tuple[int, int] | None:
+        """(indent, margin) of JSON arguments written on lines of their own (Command R+'s `tojson(indent=4) |
+        indent(8)`: `indent` spaces per level, `margin` more before every line after the first); None when the
+        arguments are not written so."""
+        def body(arguments: dict) -> str:
+            return self._body(self.turn(tool_calls=[call(NAME_A, arguments)]), lead)
+
+        two = body({K1: V1, K2: V2})
+        found = next(((indent, margin) for indent in (2, 4, 1, 3, 8) for margin in range(0, 33)
+                      if json_lines({K1: V1, K2: V2}, indent, margin) in two), None)
+        if found is None:
+            return None
+        nested = {K1: {"zqx": [1, "zq y", None]}, K2: []}
+        if json_lines(nested, *found) not in body(nested):
+            raise NotDerivable(f"arguments are written as JSON on lines of their own, indented {found}, but a nested "
+                               "value is laid out otherwise")
+        return found
+
     def _json_calls(self, lead: str, tail: str, spelling: dict | None = None,
-                    kwargs_spelling: dict | None = None) -> CallFormat:
-        """JSON arguments, or (`spelling`) arguments in the template's notation (notation.py), or
-        (`kwargs_spelling`) keyword arguments (kwargs.py)."""
+                    kwargs_spelling: dict | None = None, layout: tuple[int, int] | None = None) -> CallFormat:
+        """JSON arguments (`layout`: on lines of their own, `_json_layout`), or (`spelling`) arguments in the
+        template's notation (notation.py), or (`kwargs_spelling`) keyword arguments (kwargs.py)."""
         _json = (lambda value: notation.write(value, **spelling)) if spelling else \
-            (lambda value: kwargs.write(value, **kwargs_spelling)) if kwargs_spelling else _json_text
+            (lambda value: kwargs.write(value, **kwargs_spelling)) if kwargs_spelling else \
+            (lambda value: json_lines(value, *layout)) if layout else _json_text
         a1, a2 = {K1: V1}, {KN: VN}
         one = self._body(self.turn(tool_calls=[call(NAME_A, a1)]), lead)
         n1 = _find(one, NAME_A)
@@ -436,6 +493,8 @@ class _Prober:
             "null_word": spelling["null"], "sorted_keys": spelling["sorted_keys"]}
         if kwargs_spelling:
             quoting = {"arguments": "kwargs", **kwargs_spelling}
+        if layout:
+            quoting = {"json_indent": layout[0], "json_margin": layout[1]}
         return self._frame(before, mid, after, two[n2 + len(NAME_B) + len(name_close) + len(_json(a2)):], tail,
                            **{"arguments": "json", "name_close": name_close, **quoting})
 
@@ -578,7 +637,11 @@ class _Prober:
         call_close = self._common_prefix(close_and_sep, after)
         rest = after[len(call_close):]
         call_turn_end = ""
-        if not rest.endswith(tail):
+        if not rest.endswith(tail) and self.trailing and not self._marker_spans(rest):
+            # no end of its own: the template writes the block after the last message or the results right after
+            # the calls (Command R+): the model ends the turn as it ends one of text, and the prompt never shows it
+            tail = ""
+        elif not rest.endswith(tail):
             # a turn with calls ends on a marker of its own (Gemma 4's `<|tool_response>`: the results follow)
             spans = self._marker_spans(rest)
             if not spans or rest[spans[-1][1]:].strip():
@@ -624,6 +687,10 @@ class _Prober:
         opener = opener.partition(INDEX_SLOT)[0] if INDEX_SLOT in opener else opener
         if TEXT not in turn and turn.startswith(opener):  # the template drops text beside calls (Llama 3.x)
             return _replace(fmt, text_with_calls=False)
+        if opener not in turn and turn == self._body(self.turn(content=TEXT), lead):
+            # the template writes a turn's calls only where it has no text (llama.cpp's DeepSeek R1): a turn holds
+            # text or calls, and render.py drops the text beside calls so the calls and their results stay
+            return _replace(fmt, text_with_calls=False, calls_drop_text=True)
         if turn.startswith(opener) and TEXT in turn:  # the text after the calls (Gemma 4)
             without = self._body(self.turn(tool_calls=[call(NAME_A, {K1: V1})]), lead)
             end = fmt.call_turn_end or self._tail
