@@ -116,7 +116,7 @@ class CallFormat:
     array_literal: str = ""
 
     # JSON arguments on lines of their own (Command R+'s `tojson(indent=4) | indent(8)`): `json_indent` spaces per
-    # level, `json_margin` more before each line after the first (probe.py `json_lines`); 0: one line, canonical
+    # level, `json_margin` more before each line after the first (`json_lines` below); 0: one line, canonical
     json_indent: int = 0
     json_margin: int = 0
     # a block the template writes after the last message whatever it is, before the generation prompt (Command R+'s
