@@ -8,7 +8,8 @@ Each family package (`hermes/`, `glm/`, `dsml/`, `harmony/`, `derived/`) has the
     grammar.py  the fence: `fence_grammar(spec, markup)` → one request's llguidance grammar, from the same
                 literals the parser scans for (a family with variants takes the variant as a keyword)
 derived/ (dialects read from the model's own chat template) also has jinja.py (the template environment) and
-probe.py (the probe conversations that find the format); its entry point is `derived.dialect.derive_dialect`.
+probe.py (the probe conversations that find the format, with probe_*.py beside it for its paths); its entry point
+is `derived.dialect.derive_dialect`.
 hermes/ also has json_cursor.py, the incremental JSON checker its parser reads call bodies with.
 Shared by all families: base.py (the contract), registry.py (which dialect a model speaks), scan.py (the tag
 scanner the parsers use), string_values.py (string-parameter rules the grammars share), round_trip.py (the

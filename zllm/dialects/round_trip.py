@@ -79,6 +79,9 @@ def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[st
         turn, results, following = _calling_turn(dialect, template, thinking)
     except Exception as exc:  # a template that rejects the probe: nothing else can be checked
         return RoundTrip(False, f"the probe conversation does not render: {exc}")
+    block = getattr(dialect, "after_last_message", "")
+    if block and not following.startswith(prompt) and _continued(dialect, prompt) != prompt:
+        return _check_moved_block(dialect, template, encode, ends, thinking, turn, results, following, sample)
     if not following.startswith(prompt):
         return RoundTrip(False, "the next turn's prompt does not start with this turn's prompt (the template "
                                 "rewrites the conversation before the calls)", sample)
@@ -95,6 +98,40 @@ def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[st
         return RoundTrip(False, f"rendering the calls read back changes the prompt at token {at} ({where}): the "
                                 "prefix cache forks at the first tool call", sample)
     return RoundTrip(True, "", sample)
+
+
+def _continued(dialect: Dialect, prompt: str) -> str:
+    """The prompt as the model's turn continues it in the template's rendering: without the block the template
+    writes after the last message (derived format.py `after_last`), where it writes one."""
+    block = getattr(dialect, "after_last_message", "")
+    return prompt.replace(block, "", 1) if block and prompt.count(block) == 1 else prompt
+
+
+def _check_moved_block(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
+                       ends: Sequence[str], thinking: bool, turn: Message, results: tuple[Message, ...],
+                       following: str, sample: str) -> RoundTrip:
+    """A template that writes a block after the last message (Command R+'s `Action:` instruction): no next prompt
+    can start with this one, but the calls still read back from the turn as the template writes it (between the
+    prompt without the block and the block) and render the same: said, so that a failure of those is told apart."""
+    block = dialect.after_last_message
+    head = _continued(dialect, _render(dialect, template, (_USER,), thinking))
+    alone = dialect.render(Conversation((_USER, turn), PROBE_TOOLS, thinking=thinking, add_generation_prompt=False),
+                           template)
+    if not (alone.startswith(head) and alone.endswith(block)):
+        return RoundTrip(False, "the next turn's prompt does not start with this turn's prompt (the template "
+                                "rewrites the conversation before the calls)", sample)
+    read = _parse(dialect, _cut_at_end(alone[len(head):len(alone) - len(block)], ends), thinking)
+    problem = _compare_calls(read, turn, thinking)
+    if problem:
+        return RoundTrip(False, problem, sample)
+    again = _render(dialect, template, (_USER, read, *results), thinking)
+    if list(encode(following)) != list(encode(again)):
+        return RoundTrip(False, f"rendering the calls read back changes the prompt ({_context(following, again)})",
+                         sample)
+    shown = block if len(block) <= 60 else block[:60] + "..."
+    return RoundTrip(False, f"the template writes {shown!r} after the last message, and the next turn's prompt moves "
+                            "it after the new messages: no prompt starts with the one before, the cache forks at "
+                            "each turn (the calls read back and render the same)", sample)
 
 
 def _calling_turn(dialect: Dialect, template: ChatTemplate | None, thinking: bool):
@@ -138,6 +175,12 @@ def _sample_call(dialect: Dialect, template: ChatTemplate | None, ends: Sequence
     turn = Message("assistant", "", tool_calls=PROBE_CALLS[:1])
     for thinking in dict.fromkeys((False, dialect.thinking_default)):  # Gemma 4 continues its prompt thinking only
         prompt = _render(dialect, template, (_USER,), thinking)
+        if _continued(dialect, prompt) != prompt:  # the template's block after the last message left out
+            alone = dialect.render(Conversation((_USER, turn), PROBE_TOOLS, thinking=thinking,
+                                                add_generation_prompt=False), template)
+            head, block = _continued(dialect, prompt), dialect.after_last_message
+            if alone.startswith(head) and alone.endswith(block):
+                return _cut_at_end(alone[len(head):len(alone) - len(block)], ends, dialect.continues_turn)
         following = _render(dialect, template, (_USER, turn, _RESULTS[0]), thinking)
         if following.startswith(prompt):
             return _cut_at_end(following[len(prompt):], ends, dialect.continues_turn)

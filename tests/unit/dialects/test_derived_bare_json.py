@@ -81,6 +81,8 @@ def _bare_output(dialect) -> tuple[str, str, str]:
     prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
     full = dialect.render(Conversation((USER, _bare_turn(dialect)), TOOLS, add_generation_prompt=False,
                                        thinking=_on(dialect)))
+    block = dialect.after_last_message  # written after the last message (Command R+): the turn is read without it
+    prompt, full = prompt.replace(block, "", 1), full.removesuffix(block) if block else full
     assert full.startswith(prompt), "the template renders a bare call's turn after its own generation prompt"
     output = full[len(prompt):]
     end = _fmt(dialect).turn_end
@@ -115,6 +117,8 @@ def test_the_next_turn_continues_a_bare_call(name, dialects):
     parsed = _as_message(parse_all(_make(dialect), output))
     assert parsed.tool_calls[0].form == "bja"
     following = dialect.render(Conversation((USER, parsed, *_results(parsed)), TOOLS, thinking=_on(dialect)))
+    # (`prompt` is without the block a template writes after the last message, Command R+'s: the next prompt moves
+    # that block after the new messages, and starts with the prompt without it)
     if name in REFUSES_BARE_TURNS:  # the call in the family's markup: the prompt forks at this turn
         assert not following.startswith(prompt + output) and following.startswith(prompt)
         assert "result 0" in following and BARE not in following

@@ -65,6 +65,9 @@ MUST_DERIVE = (
     "muse-glimmer",
     # the text turn's end marker opens the call too (`<|message_sep|>` then a `function call` role)
     "GigaChat3-10B-A1.8B",
+    # a block written after the last message (the `Action:` instruction), calls as JSON on lines of their own, no
+    # end of turn after the calls; renders only with its tools, each parameter described
+    "CohereForAI-c4ai-command-r-plus-tool_use",
 )
 # sampled 100 times under the fence; the others a few times each (CI time)
 SAMPLED_MANY = ("Qwen3-Coder", "unsloth-mistral-Devstral-Small-2507", "meta-llama-Llama-3.1-8B-Instruct")
@@ -160,7 +163,12 @@ def _output(dialect):
     prompt = dialect.render(Conversation((USER,), TOOLS, thinking=_on(dialect)))
     full = dialect.render(Conversation((USER, _turn(dialect)), TOOLS, add_generation_prompt=False,
                                        thinking=_on(dialect)))
-    if name_of(dialect) not in PROMPT_REWRITTEN:
+    block = dialect.after_last_message
+    if block:  # the turn between the prompt without the block the template writes after the last message, and it
+        head = prompt.replace(block, "", 1)
+        assert head != prompt and full.startswith(head) and full.endswith(block)
+        output = full[len(head):len(full) - len(block)]
+    elif name_of(dialect) not in PROMPT_REWRITTEN:
         assert full.startswith(prompt)
         output = full[len(prompt):]
     else:  # the template drops the reasoning block the prompt opened or closed: the turn as it is written once the
@@ -173,6 +181,8 @@ def _output(dialect):
         if reasoning and _fmt(dialect).gen_in_think and reasoning not in output:  # the model reasons first
             output = reasoning + output
     end = _fmt(dialect).call_turn_end or _fmt(dialect).turn_end  # the turn has calls
+    if block and end not in output:  # no end of its own after the calls: the model's end-of-turn token stops it
+        end = ""
     at = output.rfind(end) if end else len(output)
     return prompt, output[:at], end
 
@@ -222,11 +232,13 @@ def test_survey(derivations, templates):
 # Command R7B's and Cohere2MoE's `<|START_ACTION|>` with the call's index before its name, QwQ's Hermes JSON, the
 # R1 distill's DeepSeek calls, Apriel 1.6's `<tool_calls>[...]` after a block its prompt opens with text
 REASONING_DROPPED = ("NVIDIA-Nemotron-Nano-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE",
-                     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Apriel-1.6-15b-Thinker-fixed")
+                     "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Apriel-1.6-15b-Thinker-fixed",
+                     # ... calls only in a turn without text (llama.cpp's own R1 template)
+                     "llama-cpp-deepseek-r1")
 # ... of which these rewrite the prompt at each turn (the block the prompt opened is gone from the next one): the
 # cache forks there whatever the dialect, and the load check says so
 PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-                    "Apriel-1.6-15b-Thinker-fixed"}
+                    "Apriel-1.6-15b-Thinker-fixed", "llama-cpp-deepseek-r1"}
 # ... closed with plain text, no marker (Apriel 1.6's `\n[BEGIN FINAL RESPONSE]\n`)
 REASONING_CLOSED_BY_TEXT = {"Apriel-1.6-15b-Thinker-fixed"}
 # ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
@@ -277,6 +289,10 @@ def test_next_turn_prompt_continues_this_turn(name, derivations):
     if name in PROMPT_REWRITTEN:
         assert not following.startswith(prompt + output + end)  # else it holds: no longer a known failure
         pytest.xfail(f"{name}'s template drops the reasoning block its prompt opened or closed: the cache forks")
+    block = dialect.after_last_message
+    if block:  # the block after the last message moves after the new ones: the turn continues the prompt without it
+        assert not following.startswith(prompt) and following.startswith(prompt.replace(block, "", 1) + output + end)
+        return
     assert following.startswith(prompt + output + end)
 
 
@@ -501,14 +517,20 @@ def test_the_load_check_holds_for_every_derived_template(derivations):
                 failed[name] = check.problem
     held = sum(d.derived for d in derivations.values()) - len(failed)
     print(f"\nload check: {held} of {sum(d.derived for d in derivations.values())} derived templates hold; {failed}")
-    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES | PROMPT_REWRITTEN, failed
+    assert set(failed) <= KNOWN_LOAD_CHECK_FAILURES | PROMPT_REWRITTEN | AFTER_LAST_MESSAGE, failed
     for name in PROMPT_REWRITTEN:  # said as it is: the template rewrites the prompt
         assert "does not start with this turn's prompt" in failed[name], (name, failed.get(name))
+    for name in AFTER_LAST_MESSAGE:  # ... or moves its block after the new messages, the calls reading back
+        assert "after the last message" in failed[name] and "the calls read back and render the same" in \
+            failed[name], (name, failed.get(name))
 
 
 # said at load, still served: GigaChat 3 opens a call with its text turn's end marker (`<|message_sep|>`, then a
 # `function call` role), so a turn cut at that marker holds no call
 KNOWN_LOAD_CHECK_FAILURES = {"GigaChat3-10B-A1.8B"}
+# the template writes a block after the last message (Command R+'s `Action:` instruction), which the next prompt
+# moves after the new messages: no prompt starts with the one before; the calls still read back and render alike
+AFTER_LAST_MESSAGE = {"CohereForAI-c4ai-command-r-plus-tool_use"}
 
 
 def test_enable_thinking_follows_the_clients_switch(derivations, stand_in):
@@ -830,3 +852,69 @@ def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
 
     check = check_round_trip(dialect, None, encode=list, end_texts=("</s>",))
     assert check.held and check.sample.startswith("<|message_sep|>") and check.sample.endswith('"Paris"}}')
+
+
+# ------------------------------------------------------------------------------------------ calls or text
+
+
+def test_a_template_that_writes_calls_only_without_text_gets_calls_or_text(derivations, stand_in):
+    """llama.cpp's DeepSeek R1 template writes a turn's calls only where the turn has no text (with text, it drops
+    the calls): the probe finds that rule; the fence lets a turn hold text or calls, never text then calls; a turn
+    holding both (a client's history, or the model unfenced: the parser reads both) is rendered with its calls and
+    without its text, so the results that follow still answer calls in the prompt."""
+    dialect = _derived(derivations, "llama-cpp-deepseek-r1")
+    fmt = _fmt(dialect)
+    assert (fmt.text_with_calls, fmt.calls_drop_text) == (False, True)
+    calls = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{"query": "x"}\n```'
+             '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    matcher = lambda: _matcher(dialect, FenceSpec(tools=TOOLS, thinking=True), stand_in)  # noqa: E731
+    for output, accepted in (("Hm.</think>" + calls, True), ("Hm.</think>Let me check.", True),
+                             ("Hm.</think>Let me check." + calls, False)):
+        tokens = stand_in[1].tokenize_str(output, parse_special=True)
+        assert (matcher().validate_tokens(tokens) == len(tokens)) is accepted, output
+    both = _as_message(_parse(dialect, "Hm.</think>Let me check." + calls))  # unfenced: both read
+    assert both.content == "Let me check." and [c.name for c in both.tool_calls] == ["search"]
+    results = _results(both)
+    rendered = dialect.render(Conversation((USER, both, *results), TOOLS))
+    assert "Let me check." not in rendered and calls in rendered
+    assert rendered == dialect.render(Conversation((USER, Message("assistant", "", tool_calls=both.tool_calls),
+                                                    *results), TOOLS))
+
+
+# ------------------------------------------------------------------------------------------ a block after the turn
+
+COMMAND_R_PLUS = "CohereForAI-c4ai-command-r-plus-tool_use"
+
+
+def test_a_block_after_the_last_message_is_found_and_the_calls_read_back(derivations, stand_in):
+    """Command R+ writes its `Action:` instruction after the last message (before the generation prompt), its calls
+    as JSON on lines of their own (`tojson(indent=4) | indent(8)`) and no end of turn after them: the probe reads the
+    turns without the block; a turn cut where the model's end-of-turn token stops it (`]```` without the template's
+    last newline) reads back as the calls alone; the fence takes the template's layout; the load check says the
+    cache forks at each turn and that the calls read back; and the template, which needs its tools and each
+    parameter's description, renders conversations without either."""
+    from zllm.dialects.round_trip import check_round_trip
+
+    dialect = _derived(derivations, COMMAND_R_PLUS)
+    fmt = _fmt(dialect)
+    assert (fmt.json_indent, fmt.json_margin, fmt.call_turn_end, fmt.section_close) == (4, 8, "", "\n]```\n")
+    assert fmt.after_last.startswith("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Write 'Action:'")
+    call = ('\nAction:\n```json\n[\n    {\n        "tool_name": "search",\n        "parameters": {\n'
+            '            "query": "x"\n        }\n    }\n]```')
+    make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
+    for written in (call, call + "\n"):
+        message = _as_message(assert_split_invariant(make, written, tokenizer=stand_in[0], groupings=20))
+        assert (message.content, [(c.name, json.loads(c.arguments)) for c in message.tool_calls]) == \
+            ("", [("search", {"query": "x"})]), written
+    for choice in (ToolChoice("auto"), ToolChoice("required")):
+        tokens = stand_in[1].tokenize_str(call + "\n", parse_special=True)
+        matcher = _matcher(dialect, FenceSpec(tools=TOOLS, thinking=False, choice=choice), stand_in)
+        assert matcher.consume_tokens(tokens) and matcher.is_stopped(), matcher.get_error()
+    check = check_round_trip(dialect, None, encode=list, end_texts=("<|END_OF_TURN_TOKEN|>",))
+    assert not check.held and "after the last message" in check.problem
+    assert "the calls read back and render the same" in check.problem
+    assert check.sample.startswith('\nAction:\n```json\n[\n    {\n        "tool_name": "get_weather"')
+    bare = FunctionTool("t", "", {"type": "object", "properties": {"q": {"type": "string"}}})
+    for tools in ((), (bare,)):
+        prompt = dialect.render(Conversation((USER,), tools, thinking=False))
+        assert prompt.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>") and USER.content in prompt

@@ -21,14 +21,13 @@ NOT_HOLDING = {
     # the generation prompt opens (or closes) a reasoning block the rendered turn drops: the prompt is rewritten
     # before the calls, the cache forks at each turn whatever the dialect; the calls are derived all the same
     # (Nemotron Nano v2's `<TOOLCALL>`, QwQ's Hermes JSON, the R1 distill's DeepSeek calls, Apriel 1.6's
-    # `<tool_calls>`: test_derived_templates REASONING_DROPPED)
+    # `<tool_calls>`, llama.cpp's own R1, which writes a turn's calls only where it has no text:
+    # test_derived_templates REASONING_DROPPED)
     "NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-    "Apriel-1.6-15b-Thinker-fixed",
-    # ... and not derived: llama.cpp's R1 writes a turn's calls only where it has no text: served as Qwen3
-    "llama-cpp-deepseek-r1",
-    # renders only with its tools (Hermes renders the messages alone: every conversation is rejected), and writes
-    # its `Action:` instruction after the last message, so no next prompt starts with this one; calls as indented
-    # JSON `{"tool_name": ..., "parameters": {...}}`
+    "Apriel-1.6-15b-Thinker-fixed", "llama-cpp-deepseek-r1",
+    # writes its `Action:` instruction after the last message, so no next prompt starts with this one (the load
+    # check says so, and that the calls read back); derived: calls as indented JSON
+    # `{"tool_name": ..., "parameters": {...}}`, rendered with its tools (test_derived_templates AFTER_LAST_MESSAGE)
     "CohereForAI-c4ai-command-r-plus-tool_use",
 }
 
@@ -45,6 +44,8 @@ CHOSEN = {
     "Qwen-Qwen2.5-7B-Instruct": "hermes", "LFM2.5-8B-A1B": "derived",
     # Hermes JSON calls, but the generation prompt opens the reasoning block under `enable_thinking`
     "Reka-Edge": "derived", "Bielik-11B-v3.0-Instruct": "derived", "Qwen-Qwen3-0.6B": "qwen3",
+    # derived where Hermes (Command R+: no `<tool_call>` in its template) or Qwen3 (R1's `<think>`) served them
+    "CohereForAI-c4ai-command-r-plus-tool_use": "derived", "llama-cpp-deepseek-r1": "derived",
 }
 
 

@@ -62,6 +62,8 @@ class DerivedDialect(Dialect):
         self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end,
                                                                                 _marker_after_space(f.turn_end))
                                                if end and end not in self.continues_turn))
+        # what the template writes after the last message (round_trip.py: the next prompt moves it)
+        self.after_last_message = fmt.after_last
         self.supports_thinking = bool(self.switched) or fmt.reasons
         self.thinking_default = thinking_default if self.switched else fmt.reasons
 

@@ -35,6 +35,7 @@ not as an object (functionary v3.2 concatenates them).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 # stand-ins, inside a literal, for what varies per call and is not markup (`slot`): the call's id as the model
@@ -85,6 +86,9 @@ class CallFormat:
     wrap_close: str = ""
     wrap_chars: str = ""
     text_with_calls: bool = True  # False: the template drops an assistant's text beside calls
+    # ... or the calls beside text (llama.cpp's DeepSeek R1 writes calls only in a turn without text): render.py
+    # gives such a turn to the template without its text, so the calls (and the results after them) are written
+    calls_drop_text: bool = False
     single_call: bool = False  # the template refuses two calls in a turn (Llama 3.x): the fence allows one
     # how a tagged non-string value is written: "" JSON; "python": true / false / null as `True` / `False` /
     # `None` (Qwen3-Coder's `| string`), objects and arrays as JSON; "python-objects": objects and arrays as
@@ -110,6 +114,14 @@ class CallFormat:
     pair_sep: str = ""
     object_literal: str = ""
     array_literal: str = ""
+
+    # JSON arguments on lines of their own (Command R+'s `tojson(indent=4) | indent(8)`): `json_indent` spaces per
+    # level, `json_margin` more before each line after the first (`json_lines` below); 0: one line, canonical
+    json_indent: int = 0
+    json_margin: int = 0
+    # a block the template writes after the last message whatever it is, before the generation prompt (Command R+'s
+    # `Action:` instruction): the next turn's prompt moves it after the new messages (round_trip.py says so)
+    after_last: str = ""
 
     # the slot one literal (name_close or call_close) holds, and the ids its template accepts (a regex, or ""
     # for any id)
@@ -177,7 +189,8 @@ class CallFormat:
         """A call of tool NAME with arguments {"K": "V"} as the model writes it."""
         args = (f"{self.param_open}K{self.mid_of('string')}V{self.close_of('K')}" if self.tagged
                 else f"{{K:{self.quote_open}V{self.quote_close}}}" if self.notation
-                else f"K{self.param_mid}{self.quote_open}V{self.quote_close}" if self.kwargs else '{"K": "V"}')
+                else f"K{self.param_mid}{self.quote_open}V{self.quote_close}" if self.kwargs
+                else json_lines({"K": "V"}, self.json_indent, self.json_margin) if self.json_indent else '{"K": "V"}')
         text = f"{self.section_open}{self.call_open}NAME{self.name_close}{args}{self.call_close}{self.section_close}"
         return text.replace(ID_SLOT, "ID").replace(INDEX_SLOT, "0").replace(NAME_SLOT, "NAME")
 
@@ -189,3 +202,9 @@ def split_slot(literal: str) -> tuple[str, str]:
             head, _, tail = literal.partition(slot)
             return head, tail
     return literal, ""
+
+
+def json_lines(value, indent: int, margin: int) -> str:
+    """`value` as JSON on lines of their own: `indent` spaces per level, `margin` more before each line after the
+    first (format.py `json_indent`)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent).replace("\n", "\n" + " " * margin)

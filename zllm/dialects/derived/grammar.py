@@ -129,7 +129,7 @@ class _Writer:
         elif f.notation:
             parts = [self.lits(tool.name + f.name_close), self.notation_object(index, tool), self.lits(f.call_close)]
         else:
-            schema = json.dumps(_guided(_arguments_schema(tool)), ensure_ascii=False)
+            schema = json.dumps(_guided(_arguments_schema(tool), lines=bool(f.json_indent)), ensure_ascii=False)
             closer = self.lits(f.call_close)
             if f.bare_call_close:  # with the id the history writes, or without it as the turn does
                 closer = f"({closer} | {self.lits(f.bare_call_close)})"
@@ -388,5 +388,13 @@ def _arguments_schema(tool: FunctionTool) -> dict:
     return tool.parameters or {"type": "object"}
 
 
-def _guided(schema: dict) -> dict:
-    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **CANONICAL_JSON_GUIDANCE}}
+def _guided(schema: dict, *, lines: bool = False) -> dict:
+    """`lines`: JSON laid out on lines of their own (format.py `json_indent`): spaces and newlines between its
+    tokens, as the parser reads them (%json cannot count the indentation per level; the next prompt spells it as the
+    template does)."""
+    guidance = {**CANONICAL_JSON_GUIDANCE, **LINES_JSON_GUIDANCE} if lines else CANONICAL_JSON_GUIDANCE
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **guidance}}
+
+
+LINES_JSON_GUIDANCE = {"whitespace_flexible": True, "whitespace_pattern": r"[ \n]{1,64}", "item_separator": ",",
+                       "key_separator": ":"}

@@ -61,7 +61,9 @@ class JinjaChatTemplate:
     def __call__(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool,
                  **extra) -> str:
         messages = [_aliased(message) for message in messages]
-        return self._template.render(messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+        # `tools=[]` stays an empty list: a template that iterates over its tools unconditionally (Command R+) is given
+        # one where a conversation has none (render.py)
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                      **self._specials, **extra)
 
 

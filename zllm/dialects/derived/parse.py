@@ -137,6 +137,9 @@ class DerivedParser(StreamParser):
             close = self.f.text_close
             if close and held.startswith(close) and not held[len(close):].strip():
                 held = ""  # the text's closing framing, held while it could open a call (GigaChat 3): dropped
+            ending = self.f.section_close
+            if state is _State.AFTER_CALL and held and ending.startswith(held) and not ending[len(held):].strip():
+                held = ""  # the calls' closer without its last whitespace: the turn ended there (Command R+'s `]````)
             self._text(held)
         elif state is _State.REASONING:
             self._reasoning(held)

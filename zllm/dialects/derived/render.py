@@ -21,7 +21,32 @@ from zllm.dialects.derived.jinja import JinjaChatTemplate
 def render_conversation(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None = None,
                         **variables) -> str:
     tools = [tool_spec(tool) for tool in conversation.tools] or None
+    try:
+        return _render_with(template, conversation, fmt, tools, variables)
+    except (jinja2.TemplateError, TypeError) as exc:
+        failure = exc
+    # a template that reads what a tool may leave out: every parameter's description, a list of tools even where
+    # there are none (Command R+ iterates over `tools` and writes each `param_fields.description`): given "" and []
+    try:
+        return _render_with(template, conversation, fmt, [_described(tool) for tool in tools or ()], variables)
+    except (jinja2.TemplateError, TypeError):
+        raise failure from None
 
+
+def _described(tool: dict) -> dict:
+    """`tool` with an empty description on every parameter that has none."""
+    function = tool["function"]
+    parameters = function.get("parameters") or {}
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict):
+        return tool
+    described = {key: {**value, "description": value.get("description", "")} if isinstance(value, dict) else value
+                 for key, value in properties.items()}
+    return {**tool, "function": {**function, "parameters": {**parameters, "properties": described}}}
+
+
+def _render_with(template: JinjaChatTemplate, conversation: Conversation, fmt: CallFormat | None,
+                 tools: list[dict] | None, variables: dict) -> str:
     def render(bare: bool) -> str:
         return template([message_dict(m, fmt, bare=bare) for m in conversation.messages], tools=tools,
                         add_generation_prompt=conversation.add_generation_prompt, **variables)
@@ -48,6 +73,8 @@ def message_dict(message: Message, fmt: CallFormat | None = None, *, bare: bool 
     bare = opens_bare(message) if bare and fmt is not None and reads_bare(fmt.section_open + fmt.call_open) else None
     if bare is not None:  # the model wrote it as a bare JSON object (bare_json.py): the turn's text, as written
         content, calls = bare_call_text(bare), calls[1:]
+    if calls and fmt is not None and fmt.calls_drop_text:
+        content = ""  # the template would drop the calls beside it (format.py `calls_drop_text`): the text goes
     out: dict = {"role": message.role, "content": content}
     if message.reasoning is not None:
         out["reasoning_content"] = message.reasoning
