@@ -830,3 +830,16 @@ def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
 
     check = check_round_trip(dialect, None, encode=list, end_texts=("</s>",))
     assert check.held and check.sample.startswith("<|message_sep|>") and check.sample.endswith('"Paris"}}')
+
+
+def test_an_eos_written_after_the_calls_ends_the_turn(templates):
+    """Hy3 writes its EOS (`<｜hy_eos:opensource｜>`) right after the calls and none after the last turn's text:
+    generation stops at that token, so the output never holds it; it ends the turn rather than closing the calls
+    (else `</tool_calls:opensource>` is held for a closer that never comes, and reads back as text)."""
+    from zllm.dialects.round_trip import check_round_trip
+
+    eos = "<｜hy_eos:opensource｜>"
+    dialect = derive_dialect(templates["tencent-Hy3"], bos_token="<s>", eos_token=eos).dialect
+    assert not dialect.format.section_close.endswith(eos) and eos in dialect.end_of_turn
+    check = check_round_trip(dialect, None, encode=list, end_texts=(eos,))
+    assert check.held, check.problem

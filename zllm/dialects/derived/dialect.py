@@ -10,7 +10,7 @@ it (probe.py) parses and fences. Built per model by `derive_dialect` (the regist
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zllm.canonical import FunctionTool
 from zllm.dialects.base import (
@@ -85,6 +85,15 @@ class DerivedDialect(Dialect):
         return fence_grammar(spec, markup, fmt=self.format_for(spec.thinking), pieces=self.markup)
 
 
+def _eos_ends_turn(fmt: CallFormat, eos_token: str) -> CallFormat:
+    """A template that writes the EOS right after its calls and none after the last turn's text (Hy3's
+    `</tool_calls:opensource><｜hy_eos:opensource｜>`): generation stops at that token, so the model's output never
+    holds it: it ends the turn (`call_turn_end`), it does not close the calls."""
+    if fmt.turn_end or not eos_token or fmt.section_close == eos_token or not fmt.section_close.endswith(eos_token):
+        return fmt
+    return replace(fmt, section_close=fmt.section_close[:-len(eos_token)], call_turn_end=fmt.call_turn_end or eos_token)
+
+
 def _marker_after_space(turn_end: str) -> str:
     """`<sep>` of `\n\n<sep>`: the marker that ends a turn end made of whitespace and one marker; "" otherwise."""
     pieces = split_markers(turn_end)
@@ -130,6 +139,7 @@ def derive_dialect(template_source: str, *, added_tokens: Iterable[str] = (), bo
         return Derivation(None, False, str(failure))
     elif len(switched) != 2:
         switched = {}  # one setting cannot be described: the template's default only
+    fmt, switched = _eos_ends_turn(fmt, eos_token), {k: _eos_ends_turn(f, eos_token) for k, f in switched.items()}
     return Derivation(DerivedDialect(fmt, template, markers, switched=switched, thinking_default=bool(default),
                                      switch_variable=variable or "enable_thinking"), True,
                       f"derived from the chat template: {fmt.arguments} arguments, a call reads {fmt.summary()!r}"
