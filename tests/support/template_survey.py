@@ -34,6 +34,7 @@ class Entry:
     round_trip: bool = False
     problem: str = ""
     as_written: bool = False  # the dialect writes a call as the template does (its sample is in the template's own)
+    text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
 
     @property
     def holds(self) -> bool:
@@ -47,7 +48,8 @@ class Entry:
         detail = "" if self.holds else f": {self.problem}" if not self.round_trip else (
             ": the dialect writes calls otherwise than the template does (its own round trip holds, but the model "
             "was trained on the template's)")
-        return f"{mark}  {self.name}: {self.dialect} ({how}){detail}"
+        text = f" [text turn: {self.text_turn}]" if self.text_turn else ""
+        return f"{mark}  {self.name}: {self.dialect} ({how}){detail}{text}"
 
 
 def markers_of(source: str) -> list[str]:
@@ -170,7 +172,8 @@ def survey_one(name: str, source: str, stand_in: StandIn) -> Entry:
 
         reason = f"{reason} [not derived: {derive_dialect(source).reason}]"
     return Entry(name, True, how, report.dialect, report.derived, reason, report.check.held, report.check.problem,
-                 writes_as_template(renderer.dialect, source, bos_token="<s>", eos_token=eos) is not False)
+                 writes_as_template(renderer.dialect, source, bos_token="<s>", eos_token=eos) is not False,
+                 report.check.text_turn)
 
 
 def survey(template_dir: Path, base_tokenizer_json: Path) -> list[Entry]:
@@ -187,7 +190,8 @@ def main() -> None:
     writing = [e for e in entries if e.writes_calls]
     held = [e for e in writing if e.holds]
     print(f"{len(entries)} templates; {len(writing)} write tool calls; {len(held)} of those round-trip "
-          f"({sum(e.derived for e in held)} derived, {sum(not e.derived for e in held)} hand-written)")
+          f"({sum(e.derived for e in held)} derived, {sum(not e.derived for e in held)} hand-written); "
+          f"{sum(bool(e.text_turn) for e in held)} of those fork the cache after a turn of text")
     for entry in sorted(entries, key=lambda e: (not e.writes_calls, e.holds, e.name)):
         print(entry.line())
         if entry.writes_calls and not entry.holds:

@@ -230,7 +230,7 @@ PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-Deep
 # ... closed with plain text, no marker (Apriel 1.6's `\n[BEGIN FINAL RESPONSE]\n`)
 REASONING_CLOSED_BY_TEXT = {"Apriel-1.6-15b-Thinker-fixed"}
 # ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
-# drops it (the load check probes calls: it holds)
+# drops it (the load check says so in its `text_turn`; its calls hold)
 TEXT_TURN_REWRITTEN = PROMPT_REWRITTEN | {"CohereForAI-c4ai-command-r7b-12-2024-tool_use"}
 TEMPLATE_NAMES = list(MUST_DERIVE) + list(REASONING_DROPPED)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
@@ -843,3 +843,22 @@ def test_an_eos_written_after_the_calls_ends_the_turn(templates):
     assert not dialect.format.section_close.endswith(eos) and eos in dialect.end_of_turn
     check = check_round_trip(dialect, None, encode=list, end_texts=(eos,))
     assert check.held, check.problem
+
+
+@pytest.mark.parametrize("name, setting, dropped", [
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "off", "<|START_THINKING|><|END_THIN"),
+    ("Cohere2MoE", "off", "<|START_THINKING|>")])
+def test_a_turn_of_text_the_template_rewrites_is_said(name, setting, dropped, templates):
+    """Command R7B's generation prompt (reasoning off, its default) closes an empty plan,
+    `<|START_THINKING|><|END_THINKING|>`, that its turns of calls write and its turns of text never do
+    (`<|START_RESPONSE|>` follows `<|CHATBOT_TOKEN|>`); Cohere2MoE's opens `<|START_THINKING|>` and writes it in a turn
+    of text only where the turn has reasoning. No parser can make the next prompt start with this one: the calls'
+    round trip holds, and the check says the answers fork."""
+    from zllm.dialects.round_trip import check_round_trip
+    from zllm.prompt.dialect_check import round_trip_line
+
+    dialect = derive_dialect(templates[name], bos_token="<s>", eos_token="<|END_OF_TURN_TOKEN|>").dialect
+    check = check_round_trip(dialect, None, encode=list, end_texts=("<|END_OF_TURN_TOKEN|>",))
+    assert check.held, check.problem
+    assert f"with reasoning {setting}" in check.text_turn and f"{dropped}' became" in check.text_turn, check.text_turn
+    assert round_trip_line(name, check).endswith("; " + check.text_turn)
