@@ -75,7 +75,10 @@ def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode:
         plain = _check(dialect, template, encode, end_texts, thinking=False)
         if plain.held:
             result = plain
-    return replace(result, text_turn=_text_turn_forks(dialect, template, encode, _ends(dialect, end_texts)))
+    # a turn of text ends at the marker that closes it too where that marker opens calls (GigaChat 3's
+    # `<|message_sep|>`: the parser drops it after text; it stops generation where no call can follow)
+    ends = (*_ends(dialect, end_texts), *dialect.ends_text_turn)
+    return replace(result, text_turn=_text_turn_forks(dialect, template, encode, ends))
 
 
 def _ends(dialect: Dialect, end_texts: Sequence[str]) -> tuple[str, ...]:

@@ -815,6 +815,10 @@ def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
     turn end there or go on into a call."""
     dialect = _derived(derivations, "GigaChat3-10B-A1.8B")
     assert dialect.continues_turn == ("<|message_sep|>",) and "<|message_sep|>" not in dialect.end_of_turn
+    # ... where a call may follow: without tools (or tool_choice none) it ends the turn (ClientBase.turn_stop_ids)
+    assert dialect.ends_text_turn == ("<|message_sep|>",)
+    none = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("none"), thinking=False), stand_in)
+    assert none.consume_tokens(stand_in[1].tokenize_str("Sunny, 21 C.<|message_sep|>", parse_special=True))
     make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
     for written in ("Sunny, 21 C.<|message_sep|>", "Sunny, 21 C.<|message_sep|>\n\n"):
         events = assert_split_invariant(make, written, tokenizer=stand_in[0], groupings=20)

@@ -51,8 +51,6 @@ TEXT_TURN_FORKS = {
     # the tools block is written before the last user message: it moves at each turn
     "Mistral-Small-3.2-24B-Instruct-2506": "[AVAILABLE_TOOLS]", "mistralai-Mistral-Nemo-Instruct-2407":
         "[AVAILABLE_TOOLS]",
-    # `<|message_sep|>` ends a turn of text and opens a call: it never stops generation
-    "GigaChat3-10B-A1.8B": "the parser reads the turn back as",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template

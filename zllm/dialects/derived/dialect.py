@@ -57,6 +57,7 @@ class DerivedDialect(Dialect):
         # a turn end that opens the calls too (GigaChat 3's `<|message_sep|>`) never stops generation: the model's
         # EOS ends such a turn
         self.continues_turn = tuple(dict.fromkeys(f.turn_end for f in formats if f.end_opens_calls))
+        self.ends_text_turn = self.continues_turn  # ... and stops it where no call can follow (runtime/client_base.py)
         # the turn's end, and the marker alone where whitespace precedes it (Reka Edge's `\n\n<sep>`): generation
         # stops at the marker's token (the parser drops the whitespace before it)
         self.end_of_turn = tuple(dict.fromkeys(end for f in formats for end in (f.turn_end, f.call_turn_end,
