@@ -230,8 +230,10 @@ def log_dialect_check(engine) -> None:
     from zllm.prompt.dialect_check import round_trip_line
 
     line = round_trip_line(engine.dialect_choice.name, engine.dialect_check)
-    if engine.dialect_check.held:
+    if engine.dialect_check.held and not engine.dialect_check.text_turn:
         log.info("%s", line)
+    elif engine.dialect_check.held:  # the calls hold; answers in text fork the cache (the template rewrites them)
+        log.warning("%s; the model is served anyway; `zllm dialect` shows the details", line)
     else:
         log.warning("%s; the model is served anyway (tool calls may still work, the prefix cache forks at the first "
                     "call); `zllm dialect` shows the details", line)

@@ -104,7 +104,8 @@ def _local_info(client, served):
                            dtype=loaded.quantization, context_length=loaded.context_length, loaded_at=time.time(),
                            backend=loaded.backend, backend_reason=loaded.backend_reason,
                            quantization=loaded.quantization, dialect_round_trip=client.dialect_check.held,
-                           dialect_problem=client.dialect_check.problem, architecture=weights.architecture,
+                           dialect_problem=client.dialect_check.problem,
+                           dialect_text_turn=client.dialect_check.text_turn, architecture=weights.architecture,
                            parameters=weights.parameters, model_bytes=weights.model_bytes,
                            kv_cache_type=loaded.kv_cache_type)
 
@@ -165,7 +166,8 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
                            loaded_at=time.time(), backend="vllm", backend_reason=f"{reason}; {server.layout}",
                            architecture=",".join(config.get("architectures") or ()),
                            dtype=str(config.get("torch_dtype") or config.get("dtype") or ""),
-                           dialect_round_trip=client.dialect_check.held, dialect_problem=client.dialect_check.problem)
+                           dialect_round_trip=client.dialect_check.held, dialect_problem=client.dialect_check.problem,
+                           dialect_text_turn=client.dialect_check.text_turn)
     return OpenedEngine(client, info, f"backend vllm: {reason}; {server.layout}", close)
 
 

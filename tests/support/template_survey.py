@@ -6,7 +6,8 @@ dialect zllm serves each with, and whether its round trip holds. Run it to print
 Each template is served the way the daemon serves it (prompt/renderer.py's registry choice, prompt/dialect_check.py's
 load check), over a stand-in vocabulary: the Qwen vocabulary with every marker the template's source spells
 (`<｜Assistant｜>`, `<|tool_call_start|>`, `[TOOL_CALLS]`, `<arg_key>`, ...) added as a special token, as the
-family's own vocabulary has it; `</s>` as EOS where the template writes none of the usual end-of-turn tokens.
+family's own vocabulary has it; as EOS the marker the template closes a turn of text with (Apertus'
+`<|assistant_end|>`, Hy3's `<｜hy_eos:opensource｜>`: the family's EOS), `</s>` where it writes none.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Entry:
     round_trip: bool = False
     problem: str = ""
     as_written: bool = False  # the dialect writes a call as the template does (its sample is in the template's own)
+    text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
 
     @property
     def holds(self) -> bool:
@@ -46,7 +48,8 @@ class Entry:
         detail = "" if self.holds else f": {self.problem}" if not self.round_trip else (
             ": the dialect writes calls otherwise than the template does (its own round trip holds, but the model "
             "was trained on the template's)")
-        return f"{mark}  {self.name}: {self.dialect} ({how}){detail}"
+        text = f" [text turn: {self.text_turn}]" if self.text_turn else ""
+        return f"{mark}  {self.name}: {self.dialect} ({how}){detail}{text}"
 
 
 def markers_of(source: str) -> list[str]:
@@ -111,7 +114,7 @@ class StandIn:
         markers = sorted({m for source in sources for m in markers_of(source)} | {"<s>", "</s>"})
         self.tokenizer.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers])
 
-    def files(self, source: str):
+    def files(self, source: str, eos: str = "</s>"):
         from zllm.prompt.tokenizer_files import TokenizerFiles
 
         shown = self.base_added | set(markers_of(source)) | {"<s>", "</s>"}
@@ -122,7 +125,34 @@ class StandIn:
                 return {i: t for i, t in self.backend_tokenizer.get_added_tokens_decoder().items()
                         if t.content in shown}
 
-        return _View(self.tokenizer, {"eos_token": "</s>", "bos_token": "<s>"}, source)
+        return _View(self.tokenizer, {"eos_token": eos, "bos_token": "<s>"}, source)
+
+
+def text_turn_end(source: str) -> str:
+    """The first marker the template closes an assistant's text with before the next user turn opens (Apertus'
+    `<|assistant_end|>`, Hy3's `<｜hy_eos:opensource｜>`), unless it opens a call too (GigaChat 3's
+    `<|message_sep|>`): what the family's vocabulary has as its EOS; "</s>" where there is none."""
+    from zllm.dialects.derived.jinja import JinjaChatTemplate
+    from zllm.dialects.derived.probe import PROBE_TOOLS
+
+    template = JinjaChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    try:
+        text = template(_conversation(False, calls=False), tools=PROBE_TOOLS, add_generation_prompt=True)
+        calling = template(_conversation(False, calls=True), tools=PROBE_TOOLS, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that insists on its own shape: the default
+        return "</s>"
+    # the next user turn's opener: the longest run of markers before the first user's text that the second's
+    # follows too (Command R7B's `<|START_OF_TURN_TOKEN|><|USER_TOKEN|>`)
+    before_user, before_result, user_open, run = (text.partition("zq-user")[0], text.partition("zq-result")[0],
+                                                  "", "")
+    while (found := re.search(rf"(?:{_MARKER.pattern})\s*$", before_user)) and "{" not in found.group(0):
+        run, before_user = found.group(0) + run, before_user[:found.start()]
+        user_open = run if before_result.endswith(run) else user_open
+    closing = before_result.partition("zq-text")[2]
+    closing = closing[:len(closing) - len(user_open)]
+    markers = [m for m in _MARKER.findall(closing) if "{" not in m]
+    opening_calls = calling.partition("zq-user")[2].partition(_NAME)[0]
+    return markers[0] if markers and markers[0] not in opening_calls else "</s>"
 
 
 def survey_one(name: str, source: str, stand_in: StandIn) -> Entry:
@@ -133,7 +163,8 @@ def survey_one(name: str, source: str, stand_in: StandIn) -> Entry:
     writes, how = writes_calls(source)
     if not writes:
         return Entry(name, False, how)
-    renderer = PromptRenderer(stand_in.files(source))
+    eos = text_turn_end(source)
+    renderer = PromptRenderer(stand_in.files(source, eos))
     report = describe_dialect(renderer)
     reason = report.reason
     if not report.derived:
@@ -141,7 +172,8 @@ def survey_one(name: str, source: str, stand_in: StandIn) -> Entry:
 
         reason = f"{reason} [not derived: {derive_dialect(source).reason}]"
     return Entry(name, True, how, report.dialect, report.derived, reason, report.check.held, report.check.problem,
-                 writes_as_template(renderer.dialect, source, bos_token="<s>", eos_token="</s>") is not False)
+                 writes_as_template(renderer.dialect, source, bos_token="<s>", eos_token=eos) is not False,
+                 report.check.text_turn)
 
 
 def survey(template_dir: Path, base_tokenizer_json: Path) -> list[Entry]:
@@ -158,7 +190,8 @@ def main() -> None:
     writing = [e for e in entries if e.writes_calls]
     held = [e for e in writing if e.holds]
     print(f"{len(entries)} templates; {len(writing)} write tool calls; {len(held)} of those round-trip "
-          f"({sum(e.derived for e in held)} derived, {sum(not e.derived for e in held)} hand-written)")
+          f"({sum(e.derived for e in held)} derived, {sum(not e.derived for e in held)} hand-written); "
+          f"{sum(bool(e.text_turn) for e in held)} of those fork the cache after a turn of text")
     for entry in sorted(entries, key=lambda e: (not e.writes_calls, e.holds, e.name)):
         print(entry.line())
         if entry.writes_calls and not entry.holds:

@@ -13,7 +13,10 @@ No daemon needed, and no torch or transformers: the model's tokenizer.json and c
 
     $ zllm dialect --template chat_template.jinja [--tokenizer MODEL] --json
     {"dialect": "hermes", "derived": false, "reason": "...", "round_trip": true, "problem": "", "sample": "...",
-     "compared": "text"}
+     "text_turn": "", "compared": "text"}
+
+`text_turn` (printed as "turn of text: ...") says what forks the cache after an answer in text, where the template
+renders it otherwise than its generation prompt began it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def dialect(
     held = f"holds (render → parse → render gives the same {report.compared})"
     verdict = held if report.check.held else "FAILS: " + report.check.problem
     out.print(f"round trip: {verdict}", markup=False, soft_wrap=True)
+    if report.check.text_turn:
+        out.print(f"turn of text: {report.check.text_turn}", markup=False, soft_wrap=True)
     if report.check.sample:
         out.print("a call as the model writes it:", markup=False, soft_wrap=True)
         out.print(report.check.sample, markup=False, soft_wrap=True)

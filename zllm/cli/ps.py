@@ -45,9 +45,10 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Print the loaded mode
 
 
 def _round_trip(m: LoadedModelInfo) -> str:
+    text = f"; {m.dialect_text_turn}" if m.dialect_text_turn else ""
     if m.dialect_round_trip:
-        return "round trip holds (render → parse → render gives the same tokens)"
-    return f"round trip FAILS: {m.dialect_problem} (served anyway; see `zllm dialect`)"
+        return f"round trip holds (render → parse → render gives the same tokens){text}"
+    return f"round trip FAILS: {m.dialect_problem}{text} (served anyway; see `zllm dialect`)"
 
 
 def _row(m: LoadedModelInfo) -> tuple[str, ...]:

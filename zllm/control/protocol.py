@@ -154,6 +154,7 @@ class LoadedModelInfo(_Wire):
     # older daemon that did not check. `dialect_problem` says what breaks when it did not hold
     dialect_round_trip: bool | None = None
     dialect_problem: str = ""
+    dialect_text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
     loaded_at: float = 0.0
     backend: str = ""  # the engine backend: "torch" or "llamacpp"
     backend_reason: str = ""  # why ("GGUF weights run on llama.cpp as they are", "--backend torch", ...)

@@ -135,6 +135,10 @@ class Dialect(ABC):
     # markup that ends a message but not the turn (harmony's `<|end|>`): never a stop token, even where a
     # template-wide rule would make it one (Phi-3 ends its turns with the same `<|end|>`)
     continues_turn: ClassVar[tuple[str, ...]] = ()
+    # of those, markup that ends a turn of text and opens a call too (GigaChat 3's `<|message_sep|>`): it ends the
+    # turn where no call can follow (no tools, or tool_choice none), else a model that writes past it runs on into
+    # the next role's header
+    ends_text_turn: ClassVar[tuple[str, ...]] = ()
     # whether this family can reason in `<think>` blocks, and whether it does when a request does not say
     supports_thinking: ClassVar[bool] = False
     thinking_default: ClassVar[bool] = False

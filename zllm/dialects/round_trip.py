@@ -2,6 +2,7 @@
 
     result = check_round_trip(dialect, template, encode=tokenizer_encode, end_texts=("<|im_end|>",))
     result.held, result.problem, result.sample   # True, "", '<tool_call>\\n{"name": "get_weather", ...'
+    result.text_turn                             # "" where a turn of text continues the cache too, else what forks
 
 A probe conversation (two tools; a user turn; an assistant turn with reasoning where the family has it and two
 calls; their two results) is rendered as the next turn's prompt. Its assistant turn, cut out of that prompt where
@@ -10,13 +11,18 @@ parser reads it back, and the conversation rendered again with what was read mus
 the guarantee the prefix cache lives on (turn N+1's prompt starts with turn N's prompt and output), checked on
 this model's template and tokenizer rather than on the test suite's. A check that fails says what breaks; the
 model is still served (the calls may still work, the cache forks at the first call).
+
+A turn of text is checked the same way (`text_turn`), under each reasoning setting the family has: a template that
+renders a text turn otherwise than its generation prompt began it (Command R7B's prompt closes an empty plan,
+`<|START_THINKING|><|END_THINKING|>`, that its text turns never write) forks the cache after every answer, whatever
+the dialect does; said, not silent, and the calls' round trip is judged apart.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zllm.canonical import (
     FunctionTool,
@@ -44,6 +50,8 @@ PROBE_CALLS = (
 )
 _USER = Message("user", "What is the weather in Paris, and the news?")
 _REASONING = "The user wants two things: I will call both tools."
+_ANSWER = "It is sunny in Paris, 21 C; nothing new in the news."
+_FOLLOW_UP = Message("user", "Thanks. And tomorrow?")
 _RESULTS = (Message("tool", "sunny, 21 C", tool_call_id="call_probe0", name="get_weather"),
             Message("tool", "nothing new", tool_call_id="call_probe1", name="search"))
 
@@ -53,6 +61,7 @@ class RoundTrip:
     held: bool
     problem: str = ""  # what breaks, in a sentence ("" when it held)
     sample: str = ""  # one call as the model writes it (the probe's first call alone, as rendered)
+    text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
 
 
 def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode: Callable[[str], Sequence[int]],
@@ -65,14 +74,58 @@ def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode:
     if not result.held and dialect.supports_thinking and not dialect.thinking_default:
         plain = _check(dialect, template, encode, end_texts, thinking=False)
         if plain.held:
-            return plain
-    return result
+            result = plain
+    # a turn of text ends at the marker that closes it too where that marker opens calls (GigaChat 3's
+    # `<|message_sep|>`: the parser drops it after text; it stops generation where no call can follow)
+    ends = (*_ends(dialect, end_texts), *dialect.ends_text_turn)
+    return replace(result, text_turn=_text_turn_forks(dialect, template, encode, ends))
+
+
+def _ends(dialect: Dialect, end_texts: Sequence[str]) -> tuple[str, ...]:
+    # what ends a message only (harmony's `<|end|>`, though Phi-3 ends a turn with it) does not end the turn
+    return tuple(end for end in (*end_texts, *dialect.end_of_turn) if end not in dialect.continues_turn)
+
+
+def _text_turn_forks(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
+                     ends: Sequence[str]) -> str:
+    """What forks the cache after an assistant turn of text ("" where nothing does): checked under the family's
+    default reasoning setting and, where it reasons, the other one too."""
+    settings = dict.fromkeys((dialect.thinking_default, *((not dialect.thinking_default,)
+                                                          if dialect.supports_thinking else ())))
+    for thinking in settings:
+        try:
+            problem = _text_turn_problem(dialect, template, encode, ends, thinking)
+        except Exception as exc:  # noqa: BLE001 - a template that rejects the probe: said like a fork
+            problem = f"the probe conversation does not render: {exc}"
+        if problem:
+            setting = f" with reasoning {'on' if thinking else 'off'}" if dialect.supports_thinking else ""
+            return f"after a turn of text{setting}, {problem}: the prefix cache forks at each answer"
+    return ""
+
+
+def _text_turn_problem(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
+                       ends: Sequence[str], thinking: bool) -> str:
+    turn = Message("assistant", _ANSWER, reasoning=_REASONING if thinking else None)
+    prompt = _render(dialect, template, (_USER,), thinking)
+    following = _render(dialect, template, (_USER, turn, _FOLLOW_UP), thinking)
+    dropped = thinking and _REASONING not in following
+    if not following.startswith(prompt):
+        return f"the next prompt does not start with this one (the template rewrites the conversation" \
+               f"{' and drops its reasoning' if dropped else ''}: {_context(prompt, following)})"
+    if dropped:
+        return "the template drops the turn's reasoning from the next prompt"
+    read = _parse(dialect, _cut_at_end(following[len(prompt):], ends), thinking)
+    if read.tool_calls or read.content.strip() != _ANSWER:
+        return f"the parser reads the turn back as {read.content.strip()[:60]!r} and {len(read.tool_calls)} calls"
+    again = _render(dialect, template, (_USER, read, _FOLLOW_UP), thinking)
+    if list(encode(following)) != list(encode(again)):
+        return f"rendering the text read back changes the prompt ({_context(following, again)})"
+    return ""
 
 
 def _check(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
            end_texts: Sequence[str], *, thinking: bool) -> RoundTrip:
-    # what ends a message only (harmony's `<|end|>`, though Phi-3 ends a turn with it) does not end the turn
-    ends = tuple(end for end in (*end_texts, *dialect.end_of_turn) if end not in dialect.continues_turn)
+    ends = _ends(dialect, end_texts)
     try:
         sample = _sample_call(dialect, template, ends)
         prompt = _render(dialect, template, (_USER,), thinking)

@@ -2,7 +2,7 @@
 daemon logs it and `zllm ps` shows it, and offline in `zllm dialect`.
 
     check = check_renderer(renderer)      # a PromptRenderer: its dialect choice, template and tokenizer
-    check.held, check.problem, check.sample
+    check.held, check.problem, check.sample, check.text_turn   # text_turn: what forks after a turn of text
     report = describe_dialect(renderer)   # `zllm dialect`'s answer: the above plus how the dialect was found
 """
 
@@ -25,7 +25,7 @@ class DialectReport:
     def to_json(self) -> dict:
         return {"dialect": self.dialect, "derived": self.derived, "reason": self.reason,
                 "round_trip": self.check.held, "problem": self.check.problem, "sample": self.check.sample,
-                "compared": self.compared}
+                "text_turn": self.check.text_turn, "compared": self.compared}
 
 
 def describe_dialect(renderer, *, tokens: bool = True) -> DialectReport:
@@ -57,6 +57,7 @@ def check_renderer(renderer, *, tokens: bool = True) -> RoundTrip:
 
 def round_trip_line(name: str, check: RoundTrip) -> str:
     """The startup log's / `zllm ps`'s words for a check."""
+    text = f"; {check.text_turn}" if check.text_turn else ""
     if check.held:
-        return f"tool dialect {name}: round trip holds (render → parse → render gives the same tokens)"
-    return f"tool dialect {name}: round trip FAILS: {check.problem}"
+        return f"tool dialect {name}: round trip holds (render → parse → render gives the same tokens){text}"
+    return f"tool dialect {name}: round trip FAILS: {check.problem}{text}"

@@ -39,6 +39,9 @@ class EngineRequest:
     prompt_sink: Callable[[Usage], None] | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
+    # end-of-turn ids this request adds to the model's (a finish reason of "stop", not a stop sequence): the
+    # dialect's marker that ends a turn of text where no call can follow (ClientBase.turn_stop_ids)
+    turn_stop_ids: frozenset[int] = frozenset()
     # False only for benchmarks that must decode a fixed number of tokens (model EOS ignored)
     use_model_stop_tokens: bool = True
     # the caller's cache-isolation key (canonical ChatRequest.namespace); the loop adds the model's identity

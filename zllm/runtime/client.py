@@ -126,6 +126,7 @@ class LocalEngineClient(ClientBase):
             prompt_sink=lambda usage: loop.call_soon_threadsafe(prompt_split.set_result, usage),
             stop_strings=request.sampling.stop,
             stop_token_ids=frozenset(request.sampling.stop_token_ids),
+            turn_stop_ids=self.turn_stop_ids(request),
             namespace=request.namespace,
             cache_hint=request.cache_hint,
             describe_position=self.diagnosis.describer(request),

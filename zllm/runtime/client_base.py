@@ -93,6 +93,7 @@ class ClientBase:
         # checks the dialect's literals against this tokenizer now: a dialect it cannot satisfy fails at startup
         self.markup = self.fences.markup_tokens(self.dialect)
         self.hidden_ids = control_token_ids(tokenizer, self.dialect.markup)  # never shown as text
+        self._text_turn_end_ids = single_token_ids(tokenizer, self.dialect.ends_text_turn)
 
     @property
     def dialect(self) -> Dialect:
@@ -135,6 +136,13 @@ class ClientBase:
     def explain_near_miss(self, record: NearMiss) -> MissExplanation:
         """A near-miss record of this model's prefix cache, explained (`zllm cache explain-miss`). Blocking."""
         return self.diagnosis.explain_near_miss(record)
+
+    def turn_stop_ids(self, request: ChatRequest) -> frozenset[int]:
+        """End-of-turn ids `request` adds to the model's: a marker that ends a turn of text and opens a call too
+        (GigaChat 3's `<|message_sep|>`) stops nothing where a call may follow, and ends the turn where none can
+        (no tools, or tool_choice none), where nothing else would stop a model that writes on past it."""
+        calls_possible = bool(request.tools) and request.tool_choice.mode != "none"
+        return frozenset() if calls_possible else self._text_turn_end_ids
 
     def _fence_spec(self, request: ChatRequest) -> FenceSpec:
         """What the request's fence must enforce: its tools and tool choice, the reasoning block, a response schema."""

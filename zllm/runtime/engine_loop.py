@@ -485,7 +485,7 @@ class EngineLoop:
         return self._model_stops(request) | request.stop_token_ids
 
     def _model_stops(self, request: EngineRequest) -> frozenset[int]:
-        return self._model_stop_ids if request.use_model_stop_tokens else frozenset()
+        return self._model_stop_ids | request.turn_stop_ids if request.use_model_stop_tokens else frozenset()
 
     @staticmethod
     def _loops(active: ActiveRequest, token_id: int, events: list[Event]) -> bool:

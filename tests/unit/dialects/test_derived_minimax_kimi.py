@@ -144,20 +144,47 @@ def test_minimax_m3_turn_without_reasoning_opens_with_the_closer_alone(derivatio
     assert output.startswith("</mm:think>Paris.")
     message = _read(dialect, output.removesuffix(dialect.format.turn_end))
     assert (message.content, message.reasoning) == ("Paris.", None)
-    following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS))
+    following = dialect.render(Conversation((USER, message, Message("user", "more")), EDIT_TOOLS, thinking=True))
     assert following.startswith(prompt + output)
     spec_on, spec_off = FenceSpec(tools=EDIT_TOOLS, thinking=True), FenceSpec(tools=EDIT_TOOLS, thinking=False)
     assert _fenced(dialect, spec_on, stand_in, "</mm:think>Paris.")
     assert _fenced(dialect, spec_on, stand_in, "<mm:think>hm</mm:think>Paris.")
-    assert _fenced(dialect, spec_off, stand_in, "</mm:think>Paris.")
-    assert not _fenced(dialect, spec_off, stand_in, "<mm:think>hm</mm:think>Paris.")
     assert not _fenced(dialect, spec_on, stand_in, "Paris.")
+    # off, `thinking_mode` "disabled": the prompt writes the closer, the model answers at once
+    assert _fenced(dialect, spec_off, stand_in, "Paris.")
+    assert not _fenced(dialect, spec_off, stand_in, "</mm:think>Paris.")
+    assert not _fenced(dialect, spec_off, stand_in, "<mm:think>hm</mm:think>Paris.")
+
+
+def test_minimax_m3_thinking_mode_follows_the_clients_switch(derivations, stand_in):
+    """MiniMax M3 reads `thinking_mode` (enabled / disabled / adaptive; not given: adaptive). Reasoning on is its
+    default, "adaptive" (the model decides: the prompt opens nothing); off is "disabled": the system prompt says
+    so and the generation prompt closes the block (`</mm:think>`). Prompt, parser and fence follow the client's
+    switch, and a turn of text with a call round-trips and continues under each."""
+    dialect = derivations["MiniMax-M3"].dialect
+    assert (dialect.switch_variable, dialect.switch_words, dialect.thinking_default) == (
+        "thinking_mode", {True: "adaptive", False: "disabled"}, True)
+    on, off = (dialect.render(Conversation((USER,), EDIT_TOOLS, thinking=t)) for t in (True, False))
+    assert "Current thinking mode: adaptive." in on and on.endswith("ai\n")
+    assert "Current thinking mode: disabled." in off and off.endswith("ai\n</mm:think>")
+    for thinking, written in ((True, "<mm:think>plan</mm:think>Editing."), (False, "Editing.")):
+        turn = _turn({"files": [], "count": 1}, reasoning="plan" if thinking else None, text="Editing.")
+        prompt, output = _rendered_output(dialect, turn, thinking=thinking)
+        assert output.startswith(written), (thinking, output)
+        written_out = output.removesuffix(dialect.format.turn_end)
+        message = _read(dialect, written_out, thinking=thinking)
+        assert (message.content, message.reasoning, len(message.tool_calls)) == (
+            "Editing.", "plan" if thinking else None, 1)
+        result = Message("tool", "ok", tool_call_id=message.tool_calls[0].id, name="edit")
+        following = dialect.render(Conversation((USER, message, result), EDIT_TOOLS, thinking=thinking))
+        assert following.startswith(prompt + output)
+        assert _fenced(dialect, FenceSpec(tools=EDIT_TOOLS, thinking=thinking), stand_in, written_out)
 
 
 def test_minimax_m3_fence_writes_nested_values_as_elements(derivations, stand_in):
     dialect = derivations["MiniMax-M3"].dialect
     spec = FenceSpec(tools=EDIT_TOOLS, choice=ToolChoice("tool", "edit"), thinking=False)
-    head = f'</mm:think>{NS}<tool_call>\n{NS}<invoke name="edit">'
+    head = f'{NS}<tool_call>\n{NS}<invoke name="edit">'  # reasoning off: the prompt closed the block
     tail = f"{NS}</invoke>\n{NS}</tool_call>"
     files = f"{NS}<files>{NS}<item>{NS}<path>a.py{NS}</path>{NS}<lines>{NS}<item>3{NS}</item>{NS}</lines>" \
             f"{NS}</item>{NS}</files>"

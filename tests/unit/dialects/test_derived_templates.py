@@ -242,7 +242,7 @@ PROMPT_REWRITTEN = {"NVIDIA-Nemotron-Nano-v2", "Qwen-QwQ-32B", "deepseek-ai-Deep
 # ... closed with plain text, no marker (Apriel 1.6's `\n[BEGIN FINAL RESPONSE]\n`)
 REASONING_CLOSED_BY_TEXT = {"Apriel-1.6-15b-Thinker-fixed"}
 # ... and turns of text only: Command R7B's turn of calls keeps the empty block its prompt closed, a turn of text
-# drops it (the load check probes calls: it holds)
+# drops it (the load check says so in its `text_turn`; its calls hold)
 TEXT_TURN_REWRITTEN = PROMPT_REWRITTEN | {"CohereForAI-c4ai-command-r7b-12-2024-tool_use"}
 TEMPLATE_NAMES = list(MUST_DERIVE) + list(REASONING_DROPPED)
 # derived too, checked for the round trip and continuity only (the fence is the same code as above)
@@ -837,6 +837,10 @@ def test_an_end_marker_that_opens_a_call_ends_no_turn(derivations, stand_in):
     turn end there or go on into a call."""
     dialect = _derived(derivations, "GigaChat3-10B-A1.8B")
     assert dialect.continues_turn == ("<|message_sep|>",) and "<|message_sep|>" not in dialect.end_of_turn
+    # ... where a call may follow: without tools (or tool_choice none) it ends the turn (ClientBase.turn_stop_ids)
+    assert dialect.ends_text_turn == ("<|message_sep|>",)
+    none = _matcher(dialect, FenceSpec(tools=TOOLS, choice=ToolChoice("none"), thinking=False), stand_in)
+    assert none.consume_tokens(stand_in[1].tokenize_str("Sunny, 21 C.<|message_sep|>", parse_special=True))
     make = lambda: dialect.parser(TOOLS, thinking=False, new_call_id=counter("call_"))  # noqa: E731
     for written in ("Sunny, 21 C.<|message_sep|>", "Sunny, 21 C.<|message_sep|>\n\n"):
         events = assert_split_invariant(make, written, tokenizer=stand_in[0], groupings=20)
@@ -918,3 +922,38 @@ def test_a_block_after_the_last_message_is_found_and_the_calls_read_back(derivat
     for tools in ((), (bare,)):
         prompt = dialect.render(Conversation((USER,), tools, thinking=False))
         assert prompt.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>") and USER.content in prompt
+
+
+# ------------------------------------------------------------------------------------------ ends of turn
+
+
+def test_an_eos_written_after_the_calls_ends_the_turn(templates):
+    """Hy3 writes its EOS (`<｜hy_eos:opensource｜>`) right after the calls and none after the last turn's text:
+    generation stops at that token, so the output never holds it; it ends the turn rather than closing the calls
+    (else `</tool_calls:opensource>` is held for a closer that never comes, and reads back as text)."""
+    from zllm.dialects.round_trip import check_round_trip
+
+    eos = "<｜hy_eos:opensource｜>"
+    dialect = derive_dialect(templates["tencent-Hy3"], bos_token="<s>", eos_token=eos).dialect
+    assert not dialect.format.section_close.endswith(eos) and eos in dialect.end_of_turn
+    check = check_round_trip(dialect, None, encode=list, end_texts=(eos,))
+    assert check.held, check.problem
+
+
+@pytest.mark.parametrize("name, setting, dropped", [
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "off", "<|START_THINKING|><|END_THIN"),
+    ("Cohere2MoE", "off", "<|START_THINKING|>")])
+def test_a_turn_of_text_the_template_rewrites_is_said(name, setting, dropped, templates):
+    """Command R7B's generation prompt (reasoning off, its default) closes an empty plan,
+    `<|START_THINKING|><|END_THINKING|>`, that its turns of calls write and its turns of text never do
+    (`<|START_RESPONSE|>` follows `<|CHATBOT_TOKEN|>`); Cohere2MoE's opens `<|START_THINKING|>` and writes it in a turn
+    of text only where the turn has reasoning. No parser can make the next prompt start with this one: the calls'
+    round trip holds, and the check says the answers fork."""
+    from zllm.dialects.round_trip import check_round_trip
+    from zllm.prompt.dialect_check import round_trip_line
+
+    dialect = derive_dialect(templates[name], bos_token="<s>", eos_token="<|END_OF_TURN_TOKEN|>").dialect
+    check = check_round_trip(dialect, None, encode=list, end_texts=("<|END_OF_TURN_TOKEN|>",))
+    assert check.held, check.problem
+    assert f"with reasoning {setting}" in check.text_turn and f"{dropped}' became" in check.text_turn, check.text_turn
+    assert round_trip_line(name, check).endswith("; " + check.text_turn)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from zllm.dialects.round_trip import RoundTrip
+
 # templates whose conversations never show a call's name (they drop `tool_calls`, or render no probe at all)
 WRITES_NO_CALLS = {
     "HuggingFaceTB-SmolLM3-3B", "LFM2-8B-A1B", "LFM2.5-Instruct", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
@@ -29,6 +31,25 @@ NOT_HOLDING = {
     # check says so, and that the calls read back); derived: calls as indented JSON
     # `{"tool_name": ..., "parameters": {...}}`, rendered with its tools (test_derived_templates AFTER_LAST_MESSAGE)
     "CohereForAI-c4ai-command-r-plus-tool_use",
+}
+
+# round-trip their calls, and fork the cache after a turn of text (the load check's `text_turn`, said in its line):
+# why, in the words the check uses
+_DROPS = "drops the turn's reasoning"  # earlier turns' reasoning is left out of the next prompt, by design
+_DROPS_OPEN = "drops its reasoning"  # ... and the prompt's `<think>\n` with it
+TEXT_TURN_FORKS = {
+    **dict.fromkeys(("Apertus-8B-Instruct", "GLM-4.6", "Kimi-K2-Thinking", "LFM2.5-8B-A1B", "Qwen-Qwen3-0.6B",
+                     "deepseek-ai-DeepSeek-V3.1", "google-gemma-4-31B-it", "google-gemma-4-31B-it-interleaved",
+                     "inclusionai-ling-3.0-flash", "openai-gpt-oss-120b", "openbmb-MiniCPM5-1B",
+                     "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2"), _DROPS),
+    **dict.fromkeys(("GLM-4.7-Flash", "MiniMax-M2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "Qwen3.5-4B", "Reka-Edge",
+                     "StepFun3.5-Flash", "deepseek-ai-DeepSeek-V3.2"), _DROPS_OPEN),
+    # the generation prompt closes an empty plan (reasoning off) that a turn of text never writes
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "<|START_THINKING|><|END_THIN' became",
+    "Cohere2MoE": "<|START_THINKING|>' became",
+    # the tools block is written before the last user message: it moves at each turn
+    "Mistral-Small-3.2-24B-Instruct-2506": "[AVAILABLE_TOOLS]", "mistralai-Mistral-Nemo-Instruct-2407":
+        "[AVAILABLE_TOOLS]",
 }
 
 # the registry's choice where a vocabulary token would pick a hand-written family whose calls the template
@@ -86,6 +107,20 @@ def test_each_that_does_not_hold_is_served_with_the_warning(entries):
         entry = entries[name]
         assert entry.dialect and not entry.round_trip and entry.problem, name
         assert "round trip FAILS: " + entry.problem in round_trip_line(entry.dialect, RoundTrip(False, entry.problem))
+
+
+def test_which_fork_the_cache_after_a_turn_of_text(entries):
+    """The load check probes a turn of text too: where the template renders it otherwise than its prompt began it,
+    the line says so (the calls' round trip is judged apart)."""
+    from zllm.prompt.dialect_check import round_trip_line
+
+    forking = {name for name, entry in entries.items() if entry.writes_calls and entry.holds and entry.text_turn}
+    assert forking == set(TEXT_TURN_FORKS), {name: entries[name].text_turn for name in forking ^ set(TEXT_TURN_FORKS)}
+    for name, why in TEXT_TURN_FORKS.items():
+        entry = entries[name]
+        assert why in entry.text_turn and "the prefix cache forks at each answer" in entry.text_turn, (name, entry)
+        line = round_trip_line(entry.dialect, RoundTrip(True, text_turn=entry.text_turn))
+        assert "round trip holds" in line and entry.text_turn in line
 
 
 def test_a_family_token_picks_a_family_only_where_the_template_writes_its_calls(entries):

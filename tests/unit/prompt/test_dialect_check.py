@@ -19,8 +19,11 @@ from zllm.prompt.renderer import PromptRenderer
 @pytest.mark.parametrize("dialect", ["hermes", "qwen3"])
 def test_it_holds_for_hermes_and_qwen3_over_the_qwen_vocabulary(qwen_tokenizer, dialect):
     check = check_renderer(PromptRenderer(qwen_tokenizer, dialect_override=dialect))
+    # Qwen's template leaves earlier turns' reasoning out of the next prompt: a turn of text with reasoning forks
+    dropped = ("after a turn of text with reasoning on, the template drops the turn's reasoning from the next prompt: "
+               "the prefix cache forks at each answer") if dialect == "qwen3" else ""
     assert check == RoundTrip(True, "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-                                        "</tool_call>")
+                                        "</tool_call>", dropped)
 
 
 def test_it_holds_for_glm_and_dsml():
@@ -73,7 +76,7 @@ def test_the_report_says_how_the_dialect_was_found_and_when_the_template_writes_
     report = describe_dialect(PromptRenderer(qwen_tokenizer, dialect_override="hermes"))
     assert report.to_json() | {"sample": ""} == {
         "dialect": "hermes", "derived": False, "reason": "set by configuration (dialect = hermes)",
-        "round_trip": True, "problem": "", "sample": "", "compared": "tokens"}
+        "round_trip": True, "problem": "", "sample": "", "text_turn": "", "compared": "tokens"}
 
 
 def test_the_startup_line_says_what_breaks(caplog):
@@ -88,3 +91,25 @@ def test_the_startup_line_says_what_breaks(caplog):
     assert "served anyway" in record.getMessage()
     assert round_trip_line("hermes", RoundTrip(True)).endswith("round trip holds (render → parse → render gives "
                                                                "the same tokens)")
+
+
+def test_the_startup_line_warns_when_a_turn_of_text_forks(caplog):
+    from zllm.daemon import log_dialect_check
+
+    engine = SimpleNamespace(dialect_choice=SimpleNamespace(name="derived"),
+                             dialect_check=RoundTrip(True, text_turn="after a turn of text, the cache forks"))
+    with caplog.at_level(logging.INFO, logger="zllm"):
+        log_dialect_check(engine)
+    [record] = [r for r in caplog.records if "round trip" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "round trip holds" in record.getMessage()
+    assert "; after a turn of text, the cache forks" in record.getMessage()
+
+
+def test_ps_says_when_a_turn_of_text_forks():
+    from zllm.cli.ps import _round_trip
+    from zllm.control.protocol import LoadedModelInfo
+
+    info = LoadedModelInfo.from_json(LoadedModelInfo(name="m", dialect_round_trip=True,
+                                                     dialect_text_turn="after a turn of text, X").to_json())
+    assert _round_trip(info) == ("round trip holds (render → parse → render gives the same tokens); after a turn of "
+                                 "text, X")

@@ -145,7 +145,8 @@ class VllmEngineClient(ClientBase):
         max_tokens = 1 if request.prefill_only else min(request.sampling.max_tokens or room, room)
         split = asyncio.get_running_loop().create_future()
         body = wire.generate_body(request.id, ids, request.sampling, max_tokens=max_tokens,
-                                  stop_token_ids=self.stop_token_ids | set(request.sampling.stop_token_ids),
+                                  stop_token_ids=self.stop_token_ids | self.turn_stop_ids(request)
+                                  | set(request.sampling.stop_token_ids),
                                   grammar=grammar, salt=wire.cache_salt(request.namespace), model=self.served_model)
         lease = await asyncio.get_running_loop().run_in_executor(None, self._acquire, request, ids, max_tokens)
         run = partial(self._run, request, ids, body, max_tokens, split, lease)
@@ -211,7 +212,8 @@ class VllmEngineClient(ClientBase):
     def _output(self, request: ChatRequest, max_tokens: int) -> TurnOutput:
         text_stage = OutputProcessor(
             detokenizer=IncrementalDetokenizer(self._tokenizer, skip_special_tokens=False),
-            stop_tokens=StopTokens(self.stop_token_ids, frozenset(request.sampling.stop_token_ids)),
+            stop_tokens=StopTokens(self.stop_token_ids | self.turn_stop_ids(request),
+                                   frozenset(request.sampling.stop_token_ids)),
             stop_strings=request.sampling.stop, max_tokens=max_tokens,
             token_text=lambda token_id: self._tokenizer.decode([token_id], skip_special_tokens=False),
             hidden_ids=self.hidden_ids)
