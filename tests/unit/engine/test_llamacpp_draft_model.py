@@ -175,3 +175,21 @@ def test_the_window_start_moves_in_quarter_steps() -> None:
     assert window_start(3073, 4096) == 1024  # 3073 tokens leave no quarter of room from 0
     assert window_start(4000, 4096) == 1024 and window_start(4096, 4096) == 1024
     assert window_start(4097, 4096) == 2048
+
+
+def test_a_server_with_a_draft_model_decodes_with_the_kernels_that_verify(tmp_path) -> None:
+    """engines.local_client: --draft-model alone (no --speculative) pads lone tokens as --speculative does, or
+    verified drafts would differ from 1-token decoding in their last bits (F16/F32 weights)."""
+    from tests.support.backends import tiny_gguf_model_dir
+    from zllm.config import Settings
+    from zllm.engines import local_client
+
+    model_dir = tiny_gguf_model_dir("qwen3")
+    client = local_client(model_dir, Settings(backend="llamacpp", threads=1, data_dir=tmp_path,
+                                              draft_model=str(model_dir / "model.gguf")), name="tiny", created=1)
+    try:
+        assert client.loaded.engine.settings.uniform_rows and client.speculation is not None
+        assert isinstance(client.engine.draft_model, LlamaDraftModel)
+    finally:
+        client.close()
+    assert client.loaded.drafts[0].ctx is None, "the draft model is closed with the served model"

@@ -33,7 +33,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
-from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores
+from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, _meta
 from zllm.errors import ConfigError, EngineFailure
 from zllm.model_files import GGUF_FILE
 from zllm.token_prefix import common_prefix_length
@@ -89,9 +89,8 @@ class LlamaDraftModel:
             self.proposable = check_shared_vocabulary(target.model, self.model)
             trained = lc.llama_model_n_ctx_train(self.model)
             self.window = min(window, trained) if trained > 0 else window
-            fits_q8_0 = LlamaCppEngine.exact_attention_fits(str(gguf.resolve()))
             self.ctx = lc.llama_init_from_model(self.model, _context_params(max(cells, self.window), slots, threads,
-                                                                            fits_q8_0))
+                                                                            _heads_fit_q8_0(self.model)))
             if not self.ctx:
                 raise EngineFailure("llama.cpp could not create the draft model's context")
         except BaseException:
@@ -191,6 +190,19 @@ def _context_params(cells: int, slots: int, threads: int, q8_0_cells: bool):
     return params
 
 
+def _heads_fit_q8_0(model) -> bool:
+    """Whether Q8_0 cells (32-element blocks) can hold the model's key and value rows (backend._kv_shape's keys,
+    read from the loaded model: a second vocab-only load of a 150K-token vocabulary costs a second)."""
+    arch = _meta(model, "general.architecture")
+    try:
+        heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
+        width = int(_meta(model, f"{arch}.attention.key_length")
+                    or int(_meta(model, f"{arch}.embedding_length")) // heads)
+    except ValueError:  # a key written per layer (an array): keep F16 cells
+        return False
+    return width % 32 == 0
+
+
 def check_shared_vocabulary(target, draft) -> int:
     """Every id must mean the same token in both models (drafts and the sequence travel between them as ids):
     the same vocabulary type and size, the same special tokens, the same text for every id. Returns how many ids
@@ -202,8 +214,8 @@ def check_shared_vocabulary(target, draft) -> int:
                           hint=_HINT)
     if lc.llama_vocab_type(target_vocab) != lc.llama_vocab_type(draft_vocab):
         raise ConfigError("the draft model's tokenizer is of another kind than the served model's", hint=_HINT)
-    specials = {name: (getattr(lc, f"llama_vocab_{name}")(target_vocab), getattr(lc, f"llama_vocab_{name}")(draft_vocab))
-                for name in ("bos", "eos", "eot", "sep", "pad")}
+    specials = {name: (getattr(lc, f"llama_vocab_{name}")(target_vocab),
+                       getattr(lc, f"llama_vocab_{name}")(draft_vocab)) for name in ("bos", "eos", "eot", "sep", "pad")}
     specials["add_bos"] = (lc.llama_vocab_get_add_bos(target_vocab), lc.llama_vocab_get_add_bos(draft_vocab))
     differing = [f"{name} {ids[0]} vs {ids[1]}" for name, ids in specials.items() if ids[0] != ids[1]]
     if differing:
