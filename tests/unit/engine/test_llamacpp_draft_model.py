@@ -145,15 +145,20 @@ def test_rejected_drafts_are_rolled_back_and_a_next_turn_reuses_the_prefix(targe
 
 
 def test_a_draft_from_scratch_proposes_what_an_incremental_one_does(target, tiny_gguf_path) -> None:
-    """Greedy drafts do not depend on which cells were reused (a fresh draft model, nothing cached)."""
+    """Greedy drafts do not depend on which cells were reused (a fresh draft model, nothing cached), nor on three
+    live requests sharing two slots (each takes a slot back from another at its turn)."""
     fresh = LlamaDraftModel(tiny_gguf_path("qwen2", dtype="f16"), target, threads=1)
-    reused = LlamaDraftModel(tiny_gguf_path("qwen2", dtype="f16"), target, threads=1)
+    reused = LlamaDraftModel(tiny_gguf_path("qwen2", dtype="f16"), target, threads=1, slots=2)
     try:
-        prompt = PROMPTS["echo"]
-        warm = reused.drafter_for(prompt)
-        warm.propose(5)
-        warm.extend([1, 2, 3])
-        assert warm.propose(4, tail=[5]) == fresh.drafter_for([*prompt, 1, 2, 3]).propose(4, tail=[5])
+        prompts = [PROMPTS["echo"], PROMPTS["free"], PROMPTS["echo"][:50]]
+        live = [reused.drafter_for(prompt) for prompt in prompts]
+        for round_ in range(3):
+            for prompt, drafter in zip(prompts, live):
+                drafter.propose(5)
+                drafter.extend([1, 2, 3 + round_])
+                sequence = [*prompt, *[token for r in range(round_ + 1) for token in (1, 2, 3 + r)]]
+                assert drafter.propose(4, tail=[5]) == fresh.drafter_for(sequence).propose(4, tail=[5])
+        assert sum(drafter.owns for drafter in live) == 2
     finally:
         fresh.close()
         reused.close()

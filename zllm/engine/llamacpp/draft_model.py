@@ -5,8 +5,8 @@ output equals the plain loop's and sampled output is distributed as p: the draft
 verify forward gets right).
 
 One `LlamaDraftModel` per daemon: its own llama.cpp context, a small unified KV pool of DRAFT_CELLS cells, and
-DRAFT_SLOTS sequences ("slots"). Each request's `LlamaDrafter` takes a slot while it lives; a slot keeps its
-cells after the request ends, so the next request picks the free slot holding the longest common prefix of its
+DRAFT_SLOTS sequences ("slots"). Each request's `LlamaDrafter` takes a slot while it lives (more requests than
+slots take them from each other); a slot keeps its cells after the request ends, so the next request picks the free slot holding the longest common prefix of its
 own tokens and feeds only the rest (the next turn of a conversation feeds only its new messages, not the whole
 prompt again):
 
@@ -44,7 +44,7 @@ log = logging.getLogger("zllm.engine")
 DRAFT_WINDOW = 4096
 # cells of the draft's KV pool, shared by its slots: one full window and room for the other slots' prefixes
 DRAFT_CELLS = 2 * DRAFT_WINDOW
-# sequences of the draft's KV pool: requests drafting at once (beyond them a request drafts nothing)
+# sequences of the draft's KV pool: requests that keep their draft cells while drafting at once
 DRAFT_SLOTS = 8
 DRAFT_BATCH = 512  # tokens per llama_decode when the draft catches up on a prompt
 _HINT = "use a draft model of the same family as the served model (one that ships the same tokenizer)"
@@ -115,12 +115,12 @@ class LlamaDraftModel:
 
     # ------------------------------------------------------------------ slots
 
-    def take_slot(self, drafter: LlamaDrafter, start: int, tokens: Sequence[int]) -> _Slot | None:
+    def take_slot(self, drafter: LlamaDrafter, start: int, tokens: Sequence[int]) -> _Slot:
         """The free slot whose cells share the longest prefix with `tokens` (from sequence position `start`), the
-        least recently used one on a tie; None when every slot drafts for a live request."""
-        free = [slot for slot in self.slots if slot.free]
-        if not free:
-            return None
+        least recently used one on a tie. When every slot drafts for a live request (more requests than slots, or
+        a finished one not collected yet) the least recently used slot is taken from its drafter, which takes one
+        back at its next propose (`LlamaDrafter.owns`): drafts stay right, only reuse is lost."""
+        free = [slot for slot in self.slots if slot.free] or self.slots
         slot = max(free, key=lambda s: (common_prefix_length(s.tokens, tokens) if s.start == start else 0,
                                         -s.used_at))
         if slot.start != start:
@@ -251,7 +251,7 @@ class LlamaDrafter:
     _sequence: list[int] = field(repr=False)  # prompt + emitted tokens
     _slot: _Slot | None = field(init=False, default=None, repr=False)
     _start: int = field(init=False, default=-1)  # the sequence position the slot's first cell holds
-    _off: bool = field(init=False, default=False)  # no slot or no room: this request drafts nothing more
+    _off: bool = field(init=False, default=False)  # no room in the draft's pool: this request drafts nothing more
 
     def __len__(self) -> int:
         return len(self._sequence)
@@ -264,18 +264,21 @@ class LlamaDrafter:
         """Tokens the slot's cells hold (0 before the first propose)."""
         return len(self._slot.tokens) if self._slot is not None else 0
 
+    @property
+    def owns(self) -> bool:
+        """Whether the slot is still this drafter's (another request may have taken it: `take_slot`)."""
+        return self._slot is not None and self._slot.owner is not None and self._slot.owner() is self
+
     def propose(self, limit: int, tail: Sequence[int] = ()) -> list[int]:
         """Up to `limit` greedy tokens of the draft model after sequence + `tail` (tokens chosen this step, not in
         the sequence yet); empty when the sequence has outgrown the draft's window or the draft has no room."""
         if limit <= 0 or self._off or not self._sequence:
             return []
         model = self.model
-        if self._slot is None:
-            self._start = window_start(len(self._sequence), model.window)
-            self._slot = model.take_slot(self, self._start, self._sequence[self._start:])
+        if not self.owns:
             if self._slot is None:
-                self._off = True
-                return []
+                self._start = window_start(len(self._sequence), model.window)
+            self._slot = model.take_slot(self, self._start, self._sequence[self._start:])
         wanted = [*self._sequence[self._start:], *tail]
         limit = min(limit, model.window - len(wanted))
         if limit <= 0:
