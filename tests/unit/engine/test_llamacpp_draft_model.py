@@ -176,10 +176,28 @@ def test_a_draft_model_directory_without_a_gguf_is_refused(tmp_path) -> None:
 
 
 def test_the_window_start_moves_in_quarter_steps() -> None:
-    assert window_start(3000, 4096) == 0
-    assert window_start(3073, 4096) == 1024  # 3073 tokens leave no quarter of room from 0
-    assert window_start(4000, 4096) == 1024 and window_start(4096, 4096) == 1024
-    assert window_start(4097, 4096) == 2048
+    assert window_start(3072, 4096) == 0
+    assert window_start(3073, 4096) == 2048  # past 3/4 of the window: at most half of it prefilled
+    assert window_start(4096, 4096) == 2048 and window_start(4097, 4096) == 3072
+
+
+def test_a_long_conversation_keeps_its_view_turn_after_turn(target, tiny_gguf_path) -> None:
+    """Past the window the view starts later, and the next turns keep that start while they fit: each feeds only
+    its new tokens."""
+    draft = LlamaDraftModel(tiny_gguf_path("qwen2", dtype="f16"), target, threads=1, window=64)
+    try:
+        conversation = [*PROMPTS["free"]]  # 60 tokens: past 3/4 of 64
+        for turn in range(3):
+            fed = draft.fed
+            drafter = draft.drafter_for(conversation)
+            drafter.propose(2)
+            assert drafter._slot.start == 32
+            fed = draft.fed - fed - 1  # less the first draft token, fed after the sequence
+            assert fed == len(conversation) - 32 if turn == 0 else fed <= 3
+            conversation += [7 + turn, 8, 9]
+            del drafter
+    finally:
+        draft.close()
 
 
 def test_a_server_with_a_draft_model_decodes_with_the_kernels_that_verify(tmp_path) -> None:

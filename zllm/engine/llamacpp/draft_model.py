@@ -15,9 +15,9 @@ prompt again):
     propose()        keep the common prefix (llama_memory_seq_rm past it), feed the rest, then k greedy tokens
 
 so rejected drafts are rolled back at the next propose, and tokens a verify accepted were usually fed by the
-propose before it. The draft sees the sequence from a start position that moves in steps of a quarter window
-(`window_start`), so consecutive turns of a long conversation share it, and stops drafting when the sequence
-outgrows its window (the target then decodes plainly). Engine thread only.
+propose before it. The draft sees the sequence from a start position (`window_start`) that the next turns of a
+conversation keep while they fit the window, and stops drafting when the sequence outgrows it (the target then
+decodes plainly). Engine thread only.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ log = logging.getLogger("zllm.engine")
 
 # tokens of the sequence one drafter sees at most (its most recent ones, from `window_start`)
 DRAFT_WINDOW = 4096
+# the part of the window a slot's view keeps free for the answer when a new turn reuses it (else the view moves on)
+OUTPUT_ROOM = 1 / 8
 # cells of the draft's KV pool, shared by its slots: one full window and room for the other slots' prefixes
 DRAFT_CELLS = 2 * DRAFT_WINDOW
 # sequences of the draft's KV pool: requests that keep their draft cells while drafting at once
@@ -115,17 +117,23 @@ class LlamaDraftModel:
 
     # ------------------------------------------------------------------ slots
 
-    def take_slot(self, drafter: LlamaDrafter, start: int, tokens: Sequence[int]) -> _Slot:
-        """The free slot whose cells share the longest prefix with `tokens` (from sequence position `start`), the
-        least recently used one on a tie. When every slot drafts for a live request (more requests than slots, or
-        a finished one not collected yet) the least recently used slot is taken from its drafter, which takes one
-        back at its next propose (`LlamaDrafter.owns`): drafts stay right, only reuse is lost."""
-        free = [slot for slot in self.slots if slot.free] or self.slots
-        slot = max(free, key=lambda s: (common_prefix_length(s.tokens, tokens) if s.start == start else 0,
-                                        -s.used_at))
-        if slot.start != start:
+    def take_slot(self, drafter: LlamaDrafter, sequence: Sequence[int]) -> _Slot:
+        """A slot for `sequence`: the free one whose cells share the longest prefix with it, from the position the
+        slot starts at (a previous turn of the conversation: its start is kept while the sequence fits its window
+        with OUTPUT_ROOM to spare); else the least recently used free one, starting at `window_start`. When every
+        slot drafts for a live request (more requests than slots, or a finished one not collected yet) a slot is
+        taken from its drafter, which takes one back at its next propose (`LlamaDrafter.owns`): drafts stay right,
+        only reuse is lost."""
+        candidates = [slot for slot in self.slots if slot.free] or self.slots
+
+        def reuse(slot: _Slot) -> int:
+            fits = slot.start <= len(sequence) - 1 and len(sequence) - slot.start <= self.window * (1 - OUTPUT_ROOM)
+            return common_prefix_length(slot.tokens, sequence[slot.start:]) if fits and slot.tokens else 0
+
+        slot = max(candidates, key=lambda s: (reuse(s), -s.used_at))
+        if not reuse(slot):
             self.forget(slot, 0)
-            slot.start = start
+            slot.start = window_start(len(sequence), self.window)
         slot.owner = weakref.ref(drafter)
         return slot
 
@@ -234,13 +242,13 @@ def check_shared_vocabulary(target, draft) -> int:
 
 
 def window_start(length: int, window: int) -> int:
-    """Where a drafter's view of a `length`-token sequence starts: 0 while it fits in 3/4 of the window, else a
-    multiple of window/4 that leaves at most 3/4 of it to prefill (a quarter is room for the output), so the next
-    turn of the same conversation, a few hundred tokens longer, usually starts at the same position."""
+    """Where a new view of a `length`-token sequence starts: 0 while it fits in 3/4 of the window, else the
+    multiple of window/4 that leaves at most half the window to prefill, so the conversation can grow by about
+    half a window (turns, each reusing the cells: `take_slot`) before the view moves on."""
     step = max(window // 4, 1)
     if length <= window - step:
         return 0
-    return -(-(length - (window - step)) // step) * step
+    return -(-(length - window // 2) // step) * step
 
 
 @dataclass(eq=False)
@@ -250,7 +258,6 @@ class LlamaDrafter:
     model: LlamaDraftModel
     _sequence: list[int] = field(repr=False)  # prompt + emitted tokens
     _slot: _Slot | None = field(init=False, default=None, repr=False)
-    _start: int = field(init=False, default=-1)  # the sequence position the slot's first cell holds
     _off: bool = field(init=False, default=False)  # no room in the draft's pool: this request drafts nothing more
 
     def __len__(self) -> int:
@@ -276,10 +283,8 @@ class LlamaDrafter:
             return []
         model = self.model
         if not self.owns:
-            if self._slot is None:
-                self._start = window_start(len(self._sequence), model.window)
-            self._slot = model.take_slot(self, self._start, self._sequence[self._start:])
-        wanted = [*self._sequence[self._start:], *tail]
+            self._slot = model.take_slot(self, self._sequence)
+        wanted = [*self._sequence[self._slot.start:], *tail]
         limit = min(limit, model.window - len(wanted))
         if limit <= 0:
             return []
