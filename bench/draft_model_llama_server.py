@@ -5,10 +5,11 @@ zllm's `--draft-model` figures from that bench (same model, same drafts, same th
         [--draft-model Q.gguf] [--threads 1] [--new-tokens 200] [--turns echo,json,free]
 
 One llama-server at a time (`-m MODEL_DIR/model.gguf -t T -tb T -c 4096 --jinja -np 1`, and for each draft
-`-md DRAFT -td T -tbd T`, its other speculation settings llama.cpp's defaults), each turn's prompt sent as one
-chat completion (temperature 0, `ignore_eos`, exactly --new-tokens tokens). Per (server, turn) one JSON line:
-decode tok/s from llama-server's own timings (predicted_per_second), the drafted and accepted counts it reports,
-the text's first 60 characters, and whether the text equals the plain server's.
+`-md DRAFT --spec-type draft-simple -td T -tbd T`, its other speculation settings llama.cpp's defaults: up to 3
+draft tokens), each turn's prompt sent as one chat completion (temperature 0, `ignore_eos`, exactly --new-tokens
+tokens). Per (server, turn) one JSON line: decode tok/s from llama-server's own timings (predicted_per_second),
+the drafted and accepted counts it reports, the text's first 60 characters, and whether the text equals the
+plain server's.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def main() -> None:
     threads = ["-t", str(args.threads), "-tb", str(args.threads)]
     sides = {"plain": []}
     for draft in args.draft_model:
-        sides[f"draft:{draft.stem}"] = ["-md", str(draft), "-td", str(args.threads), "-tbd", str(args.threads)]
+        sides[f"draft:{draft.stem}"] = ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(args.threads),
+                                        "-tbd", str(args.threads)]
     plain_text: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="draft-llama-server-") as scratch:
         for side, extra in sides.items():
