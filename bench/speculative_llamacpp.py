@@ -17,6 +17,10 @@ with the model's EOS ignored (exactly --new-tokens tokens), timed after the pref
     ngram_mod    (--ngram-mod) llama-server --spec-default's drafting idea in zllm's step: a table from every
                  24-token n-gram of prompt + output to the token after it, followed link by link, a draft only
                  when 48+ tokens chain (capped at 62 here: 63 rows keep the per-cell attention)
+    draft:NAME   (--draft-model GGUF, repeatable) a GGUF draft model drafting greedily (engine/llamacpp/
+                 draft_model.py) with the daemon's draft-model settings (runtime/client.DRAFT_MODEL_SPECULATION).
+                 The draft's cells keep the prompt across repeats (as across a conversation's turns): the first
+                 repeat also prefills the prompt on the draft ("draft_cold_tok_s"), later ones reuse it
 
 Turns: echo (rewrite a file just read, one value changed), edit (apply a small change to a function and print
 the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
@@ -48,6 +52,8 @@ from speculative import ASK, FILE, STORY  # noqa: E402  (bench/speculative.py: t
 from zllm.engine.contract import Row  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
 from zllm.engine.sampler import Sampler, SamplingConfig  # noqa: E402
+from zllm.engine.llamacpp.draft_model import LlamaDraftModel  # noqa: E402
+from zllm.runtime.client import DRAFT_MODEL_SPECULATION  # noqa: E402
 from zllm.runtime.speculative import SpeculationConfig, SpeculativeStep  # noqa: E402
 
 FUNCTION = '''def retry(call, attempts=3, delay=0.5):
@@ -81,6 +87,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", default=",".join(TURNS))
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side, interleaved; the best is kept")
     parser.add_argument("--ngram-mod", action="store_true", help="also draft as llama-server --spec-default does")
+    parser.add_argument("--draft-model", type=Path, action="append", default=[],
+                        help="a GGUF file drafting for the model (repeatable: one side each)")
     return parser.parse_args()
 
 
@@ -136,14 +144,15 @@ class NgramTable:
 
 
 def greedy_speculative(engine, prompt: list[int], new_tokens: int, kind: type[SpeculativeStep] = SpeculativeStep,
-                       ngram_mod: bool = False) -> tuple[list[int], float, SpeculativeStep]:
+                       ngram_mod: bool = False, draft: LlamaDraftModel | None = None
+                       ) -> tuple[list[int], float, SpeculativeStep]:
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
         config = (SpeculationConfig(max_draft=62, max_backoff=0, first_draft=62) if ngram_mod
-                  else SpeculationConfig())
-        spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, config,
-                    drafter=NgramTable(prompt) if ngram_mod else None)
+                  else SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft is not None else SpeculationConfig())
+        drafter = NgramTable(prompt) if ngram_mod else draft.drafter_for(prompt) if draft is not None else None
+        spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, config, drafter=drafter)
         tokens: list[int] = []
         start = time.perf_counter()
         while len(tokens) < new_tokens:
@@ -162,12 +171,15 @@ def main() -> None:
     engine, tokenizer = loaded.engine, loaded.tokenizer
     padded = engine.settings
     unpadded = dataclasses.replace(padded, uniform_rows=False)
+    drafts = {f"draft:{path.stem}": LlamaDraftModel(path, engine, threads=args.threads) for path in args.draft_model}
     failed = []
     for turn in args.turns.split(","):
         text = tokenizer.apply_chat_template([{"role": "user", "content": TURNS[turn]}], add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         best = {"plain": float("inf"), "padded": float("inf"), "speculative": float("inf"), "no_guess": float("inf")}
         identical = True
+        draft_specs: dict[str, SpeculativeStep] = {}
+        cold: dict[str, float] = {}  # each draft's first run: the draft prefills the prompt too
         for _ in range(args.repeats):  # interleaved: the machine's noise hits every side alike
             engine.settings = unpadded
             plain, seconds = greedy_plain(engine, prompt, args.new_tokens)
@@ -184,6 +196,11 @@ def main() -> None:
                 table, seconds, table_spec = greedy_speculative(engine, prompt, args.new_tokens, NoGuess, True)
                 best["ngram_mod"] = min(best.get("ngram_mod", float("inf")), seconds)
                 identical = identical and table == pad
+            for name, draft in drafts.items():
+                drafted, seconds, draft_specs[name] = greedy_speculative(engine, prompt, args.new_tokens, draft=draft)
+                cold.setdefault(name, seconds)
+                best[name] = min(best.get(name, float("inf")), seconds)
+                identical = identical and drafted == pad
         rate = {side: args.new_tokens / seconds for side, seconds in best.items()}
         print(json.dumps({
             "bench": "speculative_llamacpp", "turn": turn, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
@@ -196,6 +213,11 @@ def main() -> None:
             **({"ngram_mod": {"acceptance": round(table_spec.stats.acceptance, 3), "drafted": table_spec.stats.drafted,
                               "tokens_per_forward": round(args.new_tokens / max(table_spec.stats.steps, 1), 2)}}
                if args.ngram_mod else {}),
+            **{name: {"vs_plain": round(rate[name] / rate["plain"], 3),
+                      "draft_cold_tok_s": round(args.new_tokens / cold[name], 2),
+                      "acceptance": round(step.stats.acceptance, 3), "drafted": step.stats.drafted,
+                      "tokens_per_forward": round(args.new_tokens / max(step.stats.steps, 1), 2)}
+               for name, step in draft_specs.items()},
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),
             "pads": engine.step_rows == 2, "verify_rows": engine.verify_rows,
             "model": model_dir.name, "threads": args.threads}), flush=True)

@@ -103,7 +103,8 @@ def model_library(settings: Settings):
 
 
 def resolve_draft_model(settings: Settings) -> Settings:
-    """Settings whose draft_model (a store name, alias or path) is a model directory."""
+    """Settings whose draft_model (a store name, alias or path) is a model directory, or a .gguf file (the
+    llama.cpp backend loads one as it is)."""
     from zllm.models import ModelStore
 
     if not settings.draft_model:
@@ -112,7 +113,7 @@ def resolve_draft_model(settings: Settings) -> Settings:
     if store.has(settings.draft_model):
         return replace(settings, draft_model=str(store.get(settings.draft_model).path))
     path = Path(settings.draft_model).expanduser()
-    if not path.is_dir():
+    if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".gguf"):
         raise ModelNotFound(settings.draft_model)
     return replace(settings, draft_model=str(path))
 

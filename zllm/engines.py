@@ -71,7 +71,7 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
                               exact_cache=settings.exact_cache, cache_type=settings.cache_type,
                               # a speculating server decodes every token with the kernels that verify drafts
-                              uniform_rows=settings.speculative,
+                              uniform_rows=settings.speculative or bool(settings.draft_model),
                               rpc_servers=split_list(settings.rpc), rpc_backend=settings.rpc_backend)
     draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
              if settings.draft_model else None)

@@ -46,7 +46,7 @@ def serve(
     cache_type: str = typer.Option(None, "--cache-type", help="llama.cpp: KV cells' type, K and V alike (llama.cpp's --cache-type-k/-v): f16, or q8_0 (1.88x the tokens in the same --cache-budget-mb, flash attention on); auto = f16, q8_0 under --exact-cache. [env: ZLLM_CACHE_TYPE; default: auto]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
     speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
-    draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
+    draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; a .gguf file on llama.cpp; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
     max_batch: int = typer.Option(None, "--max-batch", help="Requests decoding or prefilling together; the rest wait. [env: ZLLM_MAX_BATCH; default: 8]"),
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="Prompt tokens per step while others decode (smaller: steadier streams; larger: sooner first token for long prompts). [env: ZLLM_PREFILL_CHUNK; default: 512]"),
     dialect: str = typer.Option(None, "--dialect", help="Tool dialect: auto (from the tokenizer), hermes, qwen3, glm45, deepseek-v3.2 or deepseek-v4. [env: ZLLM_DIALECT; default: auto]"),

@@ -560,11 +560,11 @@ def assert_speculated(reports: dict[str, RequestReport]) -> None:
 def test_speculating_rows_fenced_and_not_beside_plain_rows_equal_each_alone(make_client, served_models, backend,
                                                                             drafter) -> None:
     """Greedy: each row's tokens, events and usage are those of the request run alone without speculation."""
-    if drafter == "draft-model" and backend != "torch":
-        pytest.skip("a draft model drafts on the torch backend only (LocalEngineClient refuses one on llama.cpp, "
-                    "where prompt lookup speculates)")
     served = served_models(backend)
-    draft = DraftModel.for_target(served, served.tokenizer) if drafter == "draft-model" else None
+    draft = None
+    if drafter == "draft-model":  # the model drafting for itself (llama.cpp: its GGUF, engine/llamacpp/draft_model.py)
+        draft = (DraftModel.for_target(served, served.tokenizer) if backend == "torch"
+                 else served.load_draft_model(served.path, dtype="float32", threads=1))
     finishes = Finishes()
     client = make_client(prefix_cache=False, observer=finishes, draft_model=draft)
     generated, tap = Generated(client), StepTap(client)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
@@ -56,6 +56,8 @@ class LlamaCppModel(LoadedModel):
     backend_reason: str = "GGUF weights run on llama.cpp"
     generation_eos: int | list[int] | None = None
     device: str = "cpu"  # its logits are numpy arrays in host memory, whatever device runs its layers
+    # draft models loaded for it (load_draft_model): closed with it, once no thread runs the engine
+    drafts: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         assert self.context_length > 0, "context_length is resolved at load time"
@@ -102,12 +104,26 @@ class LlamaCppModel(LoadedModel):
                  f", SSD tier {config.ssd_dir}" if config.ssd_dir else "")
         return cache
 
+    def check_draft_model(self) -> None:
+        """A GGUF draft model's proposals are verified like prompt lookup's (draft_model.py)."""
+
+    def load_draft_model(self, path: Path, *, dtype: str, threads: int):
+        """`path`: a GGUF model directory or a .gguf file; `dtype` is the torch backend's (a GGUF keeps its own)."""
+        from zllm.engine.llamacpp.draft_model import LlamaDraftModel, draft_gguf
+
+        draft = LlamaDraftModel(draft_gguf(path), self.engine, threads=threads)
+        self.drafts.append(draft)
+        log.info("draft model (llama.cpp): %s, %d-token window", draft.path, draft.window)
+        return draft
+
     def weights(self) -> Weights:
         architectures = getattr(self.config, "architectures", None)
         return Weights(architecture=(architectures or ["-"])[0], parameters=self.engine.parameters,
                        model_bytes=self.engine.model_bytes)
 
     def close(self) -> None:
+        for draft in self.drafts:
+            draft.close()
         self.engine.close()
 
 

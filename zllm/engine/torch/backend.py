@@ -24,6 +24,7 @@ from zllm.engine.torch.cache.kv import TorchKV
 from zllm.engine.torch.cache.state import KVLayout
 from zllm.engine.torch.kv_layers import supports_working_buffers
 from zllm.engine.torch.runner import ModelRunner
+from zllm.errors import ConfigError
 from zllm.kvcache.config import CacheConfig
 from zllm.kvcache.prefix_cache import PrefixCache
 
@@ -100,6 +101,9 @@ class TorchModel(LoadedModel):
     def load_draft_model(self, path: Path, *, dtype: str, threads: int):
         from zllm.engine.torch.draft_model import load_draft_model  # draft_model.py imports this module
 
+        if path.is_file():
+            raise ConfigError(f"the draft model {path} is a GGUF file: torch drafts with a model directory",
+                              hint="serve a GGUF model (the llama.cpp backend), or name a draft model in the store")
         return load_draft_model(path, self.tokenizer, device=str(self.device), dtype=dtype, threads=threads)
 
     def weights(self) -> Weights:
