@@ -231,8 +231,9 @@ def log_dialect_check(engine) -> None:
     from zllm.prompt.dialect_check import round_trip_line
 
     line = round_trip_line(engine.dialect_choice.name, engine.dialect_check)
-    if engine.dialect_check.held and not engine.dialect_check.text_turn:
-        log.info("%s", line)
+    check = engine.dialect_check
+    if check.held and (not check.text_turn or check.text_turn_costs_only_the_answer):
+        log.info("%s", line)  # only the last answer is prefilled again (the template leaves its reasoning out, ...)
     elif engine.dialect_check.held:  # the calls hold; answers in text fork the cache (the template rewrites them)
         log.warning("%s; the model is served anyway; `zllm dialect` shows the details", line)
     else:

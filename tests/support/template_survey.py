@@ -35,6 +35,7 @@ class Entry:
     problem: str = ""
     as_written: bool = False  # the dialect writes a call as the template does (its sample is in the template's own)
     text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
+    text_turn_costs_only_the_answer: bool = False  # that fork lies after the last user message
 
     @property
     def holds(self) -> bool:
@@ -173,7 +174,7 @@ def survey_one(name: str, source: str, stand_in: StandIn) -> Entry:
         reason = f"{reason} [not derived: {derive_dialect(source).reason}]"
     return Entry(name, True, how, report.dialect, report.derived, reason, report.check.held, report.check.problem,
                  writes_as_template(renderer.dialect, source, bos_token="<s>", eos_token=eos) is not False,
-                 report.check.text_turn)
+                 report.check.text_turn, report.check.text_turn_costs_only_the_answer)
 
 
 def survey(template_dir: Path, base_tokenizer_json: Path) -> list[Entry]:

@@ -62,6 +62,9 @@ class RoundTrip:
     problem: str = ""  # what breaks, in a sentence ("" when it held)
     sample: str = ""  # one call as the model writes it (the probe's first call alone, as rendered)
     text_turn: str = ""  # what forks the cache after a turn of text ("" where it continues)
+    # the fork lies after the last user message (a turn's reasoning or an empty plan left out: Qwen3, GLM, gpt-oss,
+    # Command R7B, ...): the next turn prefills that answer again, the conversation before it still comes from cache
+    text_turn_costs_only_the_answer: bool = False
 
 
 def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode: Callable[[str], Sequence[int]],
@@ -78,7 +81,8 @@ def check_round_trip(dialect: Dialect, template: ChatTemplate | None, *, encode:
     # a turn of text ends at the marker that closes it too where that marker opens calls (GigaChat 3's
     # `<|message_sep|>`: the parser drops it after text; it stops generation where no call can follow)
     ends = (*_ends(dialect, end_texts), *dialect.ends_text_turn)
-    return replace(result, text_turn=_text_turn_forks(dialect, template, encode, ends))
+    text_turn, answer_only = _text_turn_forks(dialect, template, encode, ends)
+    return replace(result, text_turn=text_turn, text_turn_costs_only_the_answer=answer_only)
 
 
 def _ends(dialect: Dialect, end_texts: Sequence[str]) -> tuple[str, ...]:
@@ -87,9 +91,10 @@ def _ends(dialect: Dialect, end_texts: Sequence[str]) -> tuple[str, ...]:
 
 
 def _text_turn_forks(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
-                     ends: Sequence[str]) -> str:
-    """What forks the cache after an assistant turn of text ("" where nothing does): checked under the family's
-    default reasoning setting and, where it reasons, the other one too."""
+                     ends: Sequence[str]) -> tuple[str, bool]:
+    """What forks the cache after an assistant turn of text ("" where nothing does), and whether the fork lies
+    after the last user message: checked under the family's default reasoning setting and, where it reasons, the
+    other one too."""
     settings = dict.fromkeys((dialect.thinking_default, *((not dialect.thinking_default,)
                                                           if dialect.supports_thinking else ())))
     for thinking in settings:
@@ -99,13 +104,30 @@ def _text_turn_forks(dialect: Dialect, template: ChatTemplate | None, encode: Ca
             problem = f"the probe conversation does not render: {exc}"
         if problem:
             setting = f" with reasoning {'on' if thinking else 'off'}" if dialect.supports_thinking else ""
-            return f"after a turn of text{setting}, {problem}: the prefix cache forks at each answer"
-    return ""
+            return (f"after a turn of text{setting}, {problem}: the prefix cache forks at each answer",
+                    _fork_after_the_user_message(dialect, template, thinking))
+    return "", False
+
+
+def _text_turn(thinking: bool) -> Message:
+    return Message("assistant", _ANSWER, reasoning=_REASONING if thinking else None)
+
+
+def _fork_after_the_user_message(dialect: Dialect, template: ChatTemplate | None, thinking: bool) -> bool:
+    """Whether this prompt and the next agree past the user's message (so a fork there costs the answer alone)."""
+    try:
+        prompt = _render(dialect, template, (_USER,), thinking)
+        following = _render(dialect, template, (_USER, _text_turn(thinking), _FOLLOW_UP), thinking)
+    except Exception:  # noqa: BLE001 - a template that rejects the probe: no better than a fork anywhere
+        return False
+    agreed = next((i for i, (x, y) in enumerate(zip(prompt, following)) if x != y), min(len(prompt), len(following)))
+    user_end = prompt.find(_USER.content)
+    return user_end >= 0 and user_end + len(_USER.content) <= agreed
 
 
 def _text_turn_problem(dialect: Dialect, template: ChatTemplate | None, encode: Callable[[str], Sequence[int]],
                        ends: Sequence[str], thinking: bool) -> str:
-    turn = Message("assistant", _ANSWER, reasoning=_REASONING if thinking else None)
+    turn = _text_turn(thinking)
     prompt = _render(dialect, template, (_USER,), thinking)
     following = _render(dialect, template, (_USER, turn, _FOLLOW_UP), thinking)
     dropped = thinking and _REASONING not in following

@@ -121,6 +121,10 @@ def test_which_fork_the_cache_after_a_turn_of_text(entries):
         assert why in entry.text_turn and "the prefix cache forks at each answer" in entry.text_turn, (name, entry)
         line = round_trip_line(entry.dialect, RoundTrip(True, text_turn=entry.text_turn))
         assert "round trip holds" in line and entry.text_turn in line
+    # only a tools block that moves to the last user message forks before it (the load check warns); every other
+    # fork costs the last answer alone (said at INFO)
+    costly = {name for name in TEXT_TURN_FORKS if not entries[name].text_turn_costs_only_the_answer}
+    assert costly == {"Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407"}
 
 
 def test_a_family_token_picks_a_family_only_where_the_template_writes_its_calls(entries):

@@ -23,7 +23,7 @@ def test_it_holds_for_hermes_and_qwen3_over_the_qwen_vocabulary(qwen_tokenizer, 
     dropped = ("after a turn of text with reasoning on, the template drops the turn's reasoning from the next prompt: "
                "the prefix cache forks at each answer") if dialect == "qwen3" else ""
     assert check == RoundTrip(True, "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-                                        "</tool_call>", dropped)
+                                        "</tool_call>", dropped, text_turn_costs_only_the_answer=bool(dropped))
 
 
 def test_it_holds_for_glm_and_dsml():
@@ -103,6 +103,18 @@ def test_the_startup_line_warns_when_a_turn_of_text_forks(caplog):
     [record] = [r for r in caplog.records if "round trip" in r.getMessage()]
     assert record.levelno == logging.WARNING and "round trip holds" in record.getMessage()
     assert "; after a turn of text, the cache forks" in record.getMessage()
+
+
+def test_a_fork_that_costs_only_the_last_answer_is_said_without_a_warning(caplog):
+    from zllm.daemon import log_dialect_check
+
+    check = RoundTrip(True, text_turn="after a turn of text with reasoning on, the template drops the turn's "
+                                      "reasoning", text_turn_costs_only_the_answer=True)
+    engine = SimpleNamespace(dialect_choice=SimpleNamespace(name="qwen3"), dialect_check=check)
+    with caplog.at_level(logging.INFO, logger="zllm"):
+        log_dialect_check(engine)
+    [record] = [r for r in caplog.records if "round trip" in r.getMessage()]
+    assert record.levelno == logging.INFO and "drops the turn's reasoning" in record.getMessage()
 
 
 def test_ps_says_when_a_turn_of_text_forks():
