@@ -242,6 +242,24 @@ def test_restores_slower_than_recompute_are_skipped(backend, tmp_path) -> None:
     cache.close()
 
 
+def test_a_restore_sparing_a_few_tokens_is_not_worth_its_fixed_cost(backend, tmp_path) -> None:
+    # a restore costs something whatever its size (kvcache/cost.py): one that spares 9 tokens of prefill is not
+    # worth it, one that spares the whole prompt still is
+    cache = backend.cache(tmp_path / "kv")
+    prompt = tokens(200)
+    backend.run(cache, prompt, "a")
+    cache.flush()
+    cache.prune(tiers=("device",), older_than_s=0)
+    cache.observe_prefill(1000, 1.0)  # 1 ms a token
+    for nbytes in (1 << 20, 100 << 20) * 3:  # 50 ms a restore, whatever its size, then 10 GB/s
+        cache.cost.observe_restore(nbytes, 0.05 + nbytes * 1e-10)
+    lease, _ = backend.ask(cache, prompt[:9] + (1,))
+    assert lease.tier == "cold" and cache.stats().ssd_not_worth_it == 1
+    lease, _ = backend.ask(cache, prompt + (1,))
+    assert (lease.tier, lease.cached_tokens) == ("ssd", 200)
+    cache.close()
+
+
 # ---------------------------------------------------------------- near misses
 
 EDITED = 4095  # a token tokens() never draws: the shared prefix ends exactly at the edit
