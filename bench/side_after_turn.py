@@ -79,7 +79,9 @@ def main() -> None:
             print(json.dumps({"bench": "side_after_turn", "round": round_ + 1, "finish_cpu_s": finish_cpu,
                               "side_admit_cpu_s": admit_cpu, "side_prefill_cpu_s": side_prefill_cpu,
                               "writer_cpu_s": round(thread_cpu(writer) - written_before, 3),
-                              "parks": cache.kv.parks, "park_exports": getattr(cache.kv, "park_exports", None)}), flush=True)
+                              "parks": cache.kv.parks,
+                              "park_exports": getattr(cache.kv, "park_exports", None)}),  # None: before it was counted
+                  flush=True)
         cache.close()
     loaded.close()
 
