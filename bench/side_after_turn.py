@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -84,6 +85,7 @@ def main() -> None:
                   flush=True)
         cache.close()
     loaded.close()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
