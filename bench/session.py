@@ -110,8 +110,19 @@ def model_window(model_dir: Path) -> int:
     return int(manifest.get("context_length") or 0)
 
 
+def private_data_dir(model_dir: Path, scratch: Path) -> Path:
+    """A data dir of the bench's own holding the model's files as links: a daemon locks its data dir for its whole
+    run, and the model's own store (the e2e tests' cache, say) must stay usable by others meanwhile."""
+    linked = scratch / "data" / "models" / model_dir.name
+    linked.mkdir(parents=True)
+    for item in model_dir.iterdir():
+        (linked / item.name).symlink_to(item)
+    return linked.parent.parent
+
+
 def servers(args, model_dir: Path, context: int, scratch: Path) -> dict[str, Server]:
-    zllm_env = {**os.environ, "ZLLM_DATA_DIR": str(model_dir.parent.parent), "ZLLM_STATE_DIR": str(scratch / "state"),
+    zllm_env = {**os.environ, "ZLLM_DATA_DIR": str(private_data_dir(model_dir, scratch)),
+                "ZLLM_STATE_DIR": str(scratch / "state"),
                 "ZLLM_CACHE_DIR": str(scratch / "cache"), "ZLLM_RUNTIME_DIR": str(scratch / "run"),
                 "ZLLM_CONFIG": str(scratch / "config.toml"), "HF_HUB_OFFLINE": "1",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),

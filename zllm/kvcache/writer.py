@@ -5,11 +5,17 @@ the device tier's node spans, immutable once inserted, or a clone; llama.cpp: a 
 on; the export itself (serialising tensors) runs here. The queue is bounded: when the disk
 falls behind, new jobs are dropped (counted, logged at debug) rather than holding device memory hostage
 or stalling generation; the device tier still has them, and the next turn will be written anyway.
+
+A turn's snapshot is written while the next request (often a side request) already runs: on a machine with few
+cores the write (checksums, the kernel's copy into the page cache, fsync) competes with the engine thread for a
+core. So the writer runs at a lower CPU priority (Linux gives each thread its own nice value): it takes what the
+engine thread leaves, and the SSD tier is still written within seconds of a turn.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sys
 import threading
@@ -30,6 +36,7 @@ class SnapshotStore(Protocol):
 log = logging.getLogger("zllm.kvcache")
 
 QUEUE_LIMIT = 4
+WRITER_NICENESS = 10  # added to the daemon's; the engine thread keeps the daemon's own
 _STOP = object()
 
 
@@ -68,6 +75,7 @@ class SnapshotWriter:
             self._thread.join(timeout)
 
     def _main(self) -> None:
+        lower_thread_priority(WRITER_NICENESS)
         torch = sys.modules.get("torch")  # only a torch cache serializes tensors; never import torch for it
         if self._threads > 0 and torch is not None:
             torch.set_num_threads(self._threads)  # serializing tensors must not compete with the engine's cores
@@ -83,3 +91,15 @@ class SnapshotWriter:
                 job = None
                 self._queue.task_done()
         self._queue.task_done()
+
+
+def lower_thread_priority(step: int) -> None:
+    """The calling thread's nice value raised by `step` (Linux: per thread; elsewhere it may be the whole process's,
+    so only Linux does it). Best effort: a writer at normal priority is only slower to yield."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + step, 19))
+    except OSError as exc:
+        log.debug("kv cache: writer priority unchanged (%s)", exc)

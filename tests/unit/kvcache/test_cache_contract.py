@@ -242,6 +242,24 @@ def test_restores_slower_than_recompute_are_skipped(backend, tmp_path) -> None:
     cache.close()
 
 
+def test_a_restore_sparing_a_few_tokens_is_not_worth_its_fixed_cost(backend, tmp_path) -> None:
+    # a restore costs something whatever its size (kvcache/cost.py): one that spares 9 tokens of prefill is not
+    # worth it, one that spares the whole prompt still is
+    cache = backend.cache(tmp_path / "kv")
+    prompt = tokens(200)
+    backend.run(cache, prompt, "a")
+    cache.flush()
+    cache.prune(tiers=("device",), older_than_s=0)
+    cache.observe_prefill(1000, 1.0)  # 1 ms a token
+    for nbytes in (1 << 20, 100 << 20) * 3:  # 50 ms a restore, whatever its size, then 10 GB/s
+        cache.cost.observe_restore(nbytes, 0.05 + nbytes * 1e-10)
+    lease, _ = backend.ask(cache, prompt[:9] + (1,))
+    assert lease.tier == "cold" and cache.stats().ssd_not_worth_it == 1
+    lease, _ = backend.ask(cache, prompt + (1,))
+    assert (lease.tier, lease.cached_tokens) == ("ssd", 200)
+    cache.close()
+
+
 # ---------------------------------------------------------------- near misses
 
 EDITED = 4095  # a token tokens() never draws: the shared prefix ends exactly at the edit
@@ -382,12 +400,41 @@ def test_a_short_shared_prefix_parks_the_long_sequence_it_came_from(backend, cac
     backend.assert_restored_exactly(lease, logits)
 
 
-def test_nothing_is_parked_beyond_its_ram_budget(backend) -> None:
+def test_a_conversation_exported_for_its_snapshot_parks_without_another_export(backend, tmp_path) -> None:
+    # llama.cpp exports a finished turn for the SSD tier and, when a side request comes next, would export it again
+    # to park it (engine/llamacpp/kv.py): the snapshot's copy is parked instead, and a sequence brought back from
+    # RAM keeps its bytes for the next park; the next turn still equals a full prefill
+    if backend.name != "llamacpp":
+        pytest.skip("parking is llama.cpp's (its pool attends over every kept cell)")
+    cache = backend.cache(tmp_path / "kv")
+    main = tokens(300, seed=31)
+    backend.run(cache, main, "main")
+    assert cache.kv.copied_bytes > 0, "the snapshot's export stayed with the kept conversation"
+    backend.run(cache, tokens(60, seed=32), "side")
+    assert (cache.kv.parks, cache.kv.park_exports) == (1, 0)
+    lease, logits = backend.ask(cache, main + tokens(10, seed=33))  # main back from RAM, the side entry parked
+    assert (lease.tier, lease.cached_tokens, cache.kv.unparks) == ("device", len(main), 1)
+    backend.assert_restored_exactly(lease, logits)
+    backend.run(cache, tokens(60, seed=34), "side2")  # main parked again, from the bytes it came back from
+    assert (cache.kv.parks, cache.kv.park_exports) == (3, 0)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_nothing_is_parked_beyond_its_ram_budget(backend, tmp_path) -> None:
     if backend.name != "llamacpp":
         pytest.skip("parking is llama.cpp's (its pool attends over every kept cell)")
     cache = backend.cache(park_budget_bytes=0)
     backend.run(cache, tokens(200, seed=14), "main")
     backend.run(cache, tokens(50, seed=15), "side")
     assert cache.kv.parks == 0 and cache.kv.parked_bytes == 0 and len(cache.entries()) == 2
+    cache.check_integrity()
+    cache.close()
+    cache = backend.cache(tmp_path / "kv", park_budget_bytes=100 * backend.bytes_per_token)  # < one export
+    backend.run(cache, tokens(200, seed=14), "main")
+    assert cache.kv.copied_bytes == 0, "the 200-token conversation's export is past the budget: not held"
+    backend.run(cache, tokens(50, seed=15), "side")
+    assert cache.kv.parks == 0, "nor parked"
+    assert 0 < cache.kv.copied_bytes < 100 * backend.bytes_per_token, "only the side entry's small export is held"
     cache.check_integrity()
     cache.close()

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import weakref
 
+import pytest
+
 from zllm.kvcache.snapshot_store import SnapshotJob, SnapshotStore
-from zllm.kvcache.writer import SnapshotWriter
+from zllm.kvcache.writer import WRITER_NICENESS, SnapshotWriter
 
 TOKENS = tuple(range(300))
 
@@ -30,6 +33,23 @@ def test_a_written_job_is_not_held_while_the_writer_waits(tmp_path) -> None:
         writer.flush()
         gc.collect()
         assert store.stats().snapshots == 1 and alive() is None, "written, then let go"
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_the_writer_thread_yields_to_the_engine_thread(tmp_path) -> None:
+    # the writer runs beside the next request's prefill: a higher nice value on its thread alone (Linux)
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread nice values are Linux's")
+    store = SnapshotStore(tmp_path / "kv", "layout", 1 << 30)
+    writer = SnapshotWriter(store)
+    try:
+        writer.submit(SnapshotJob("snap", "ns", "m", TOKENS, 300, 1, lambda: b"x" * 1000))
+        writer.flush()  # the thread has started and set its priority
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        theirs = os.getpriority(os.PRIO_PROCESS, writer._thread.native_id)
+        assert theirs == min(mine + WRITER_NICENESS, 19) and os.getpriority(os.PRIO_PROCESS, 0) == mine
     finally:
         writer.close()
         store.close()

@@ -14,6 +14,12 @@ masks other sequences' cells, so a new prompt beside 32K kept cells prefills ~5x
 that it does not share from is parked: its state exported into host RAM (`park_budget_bytes` in all) and its cells
 freed; a request that hits it imports it back first. A parked handle still counts in `held_bytes` (the device
 budget), so there is always room to bring it back. bench/parked_sequences.py measures both sides.
+
+Exporting a long sequence is a copy into fresh host memory (~0.1 s of CPU per 4K tokens of the default model, most
+of it page faults), and a kept conversation is exported twice in a row otherwise: for its SSD snapshot when its turn
+ends, and for parking when the next request (a side request) is admitted. So the snapshot's export stays with the
+kept handle (`copy`, within the same RAM budget) and parking it takes that copy instead of exporting again; a
+sequence brought back from RAM keeps its parked bytes as its copy the same way.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ PARK_REST_CELLS = 256
 
 @dataclass(eq=False)
 class KeptSequence:
-    """A kept handle: its tokens in the pool (`seq`) or, parked, in host RAM (`parked`: the exported state)."""
+    """A kept handle: its tokens in the pool (`seq`) or, parked, in host RAM (`parked`: the exported state). In
+    the pool it may also hold `copy`: an export of those same cells (kept sequences never change), parked for free."""
 
     seq: LlamaSequence | None
     length: int
     parked: memoryview | None = None
+    copy: memoryview | None = None
 
 
 class LlamaKV:
@@ -57,7 +65,9 @@ class LlamaKV:
         self._sharing: dict[int, KeptSequence] = {}  # running sequence id → the kept handle it shares cells with
         self.park_budget_bytes = park_budget_bytes
         self.parked_bytes = 0
+        self.copied_bytes = 0  # kept sequences' `copy` exports, held within the same RAM budget
         self.parks = self.unparks = 0
+        self.park_exports = 0  # parks that had no copy at hand and exported the sequence
         self._doomed: list[Any] = []  # kept sequences dropped off the engine thread, to give back on it
         self._engine_thread: int | None = None
 
@@ -84,12 +94,11 @@ class LlamaKV:
         system prompt of a long conversation: 1.3-1.5x the CPU of the same prefill in an empty pool)."""
         self._on_engine_thread()
         self._park_idle(kept)
-        parked = kept.parked
         self._unpark(kept)
         seq = self.engine.share(kept.seq, length)
         self._reserved[seq.seq_id] = tokens
         shared = id(kept) in set(map(id, self._sharing.values()))
-        if shared or kept.length - length < PARK_REST_CELLS or not self._park(kept, parked):
+        if shared or kept.length - length < PARK_REST_CELLS or not self._park(kept):
             self._sharing[seq.seq_id] = kept
         elif self.engine.settings.exact:
             self.engine.pack()  # exact mode buried the parked cells: drop them, pack the live ones
@@ -123,6 +132,7 @@ class LlamaKV:
 
     def drop(self, kept: Any) -> None:
         self._kept.pop(kept, None)
+        self._forget_copy(kept)
         if kept.parked is not None:
             self.parked_bytes -= len(kept.parked)
             kept.parked = None
@@ -156,14 +166,22 @@ class LlamaKV:
         assert held == length == kept.length == self._kept[kept], "a kept sequence lost cells"
         assert (kept.seq is None) == (kept.parked is not None), "a kept sequence is in the pool or parked, not both"
         assert all(n >= 0 for n in self._reserved.values()), "reservations never go negative"
-        assert self.parked_bytes == sum(len(k.parked) for k in self._kept if k.parked is not None) \
-            <= max(self.park_budget_bytes, 0), "parked bytes are counted and within their budget"
+        assert kept.copy is None or kept.parked is None, "a parked sequence's bytes are its parked state"
+        assert self.parked_bytes == sum(len(k.parked) for k in self._kept if k.parked is not None), \
+            "parked bytes are counted"
+        assert self.copied_bytes == sum(len(k.copy) for k in self._kept if k.copy is not None), \
+            "copies are counted"
+        assert self.parked_bytes + self.copied_bytes <= max(self.park_budget_bytes, 0), \
+            "parked sequences and copies stay within their RAM budget"
 
     # ------------------------------------------------------------------ the SSD tier: exported sequence states
 
     def export(self, kept: Any, state: Any, length: int):
-        """The sequence's state, copied out of the pool now (the writer never touches llama.cpp)."""
+        """The sequence's state, copied out of the pool now (the writer never touches llama.cpp); the kept handle
+        holding `state` keeps the copy, so parking it later exports nothing (the module's docstring)."""
         exported = self.engine.export_state(state)
+        if kept is not None and kept.seq is state:
+            self._hold_copy(kept, exported)
         return lambda: exported
 
     def load(self, running: Any, payload: Any, first: int, length: int, stored: int) -> Any:
@@ -194,16 +212,21 @@ class LlamaKV:
         if parked and self.engine.settings.exact:
             self.engine.pack()  # exact mode keeps released cells as dead ones: drop them, pack the live ones
 
-    def _park(self, kept: KeptSequence, state: memoryview | None = None) -> bool:
-        """`kept`'s state into host RAM (`state`: its export, when one is at hand) and its cells freed, if the
-        RAM budget holds it; else it stays in the pool (attended, masked) and this says False."""
+    def _park(self, kept: KeptSequence) -> bool:
+        """`kept`'s state into host RAM (its `copy` when it has one, else exported now) and its cells freed, if
+        the RAM budget holds it; else it stays in the pool (attended, masked) and this says False."""
         if self.park_budget_bytes <= 0:
             return False
+        state = kept.copy
+        self._forget_copy(kept)
         size = len(state) if state is not None else self.engine.state_size(kept.seq)
-        if self.parked_bytes + size > self.park_budget_bytes:
+        if self.parked_bytes + self.copied_bytes + size > self.park_budget_bytes:
             return False
         # a writable buffer of its own: imported without a copy
-        kept.parked = state if state is not None else self.engine.export_state(kept.seq)
+        if state is None:
+            state = self.engine.export_state(kept.seq)
+            self.park_exports += 1
+        kept.parked = state
         self.engine.release(kept.seq)
         kept.seq = None
         self.parked_bytes += len(kept.parked)
@@ -215,8 +238,21 @@ class LlamaKV:
             return
         kept.seq = self.engine.import_state(kept.parked, kept.length)
         self.parked_bytes -= len(kept.parked)
-        kept.parked = None
+        kept.parked, state = None, kept.parked
         self.unparks += 1
+        self._hold_copy(kept, state)  # the same bytes as the cells just filled: the next park is free
+
+    def _hold_copy(self, kept: KeptSequence, state: memoryview) -> None:
+        """`state` (an export of `kept`'s cells) stays with it while the RAM budget holds it too."""
+        self._forget_copy(kept)
+        if self.parked_bytes + self.copied_bytes + len(state) <= self.park_budget_bytes:
+            kept.copy = state
+            self.copied_bytes += len(state)
+
+    def _forget_copy(self, kept: KeptSequence) -> None:
+        if kept.copy is not None:
+            self.copied_bytes -= len(kept.copy)
+            kept.copy = None
 
     # ------------------------------------------------------------------ internals
 
