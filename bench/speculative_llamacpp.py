@@ -212,6 +212,7 @@ def main() -> None:
                if args.ngram_mod else {}),
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),
             "pads": engine.step_rows == 2, "verify_rows": engine.verify_rows,
+            "verify_row_cost": round(engine.verify_row_cost or 0.0, 3),
             "model": model_dir.name, "threads": args.threads}), flush=True)
         if not identical:
             failed.append(f"{turn} at token {_first_diff(got, pad)}")
