@@ -12,7 +12,13 @@ import pytest
 
 lc = pytest.importorskip("llama_cpp")
 
-from tests.unit.engine.test_llamacpp_speculative_greedy import PROMPTS, Echo, plain, speculative  # noqa: E402
+from tests.unit.engine.test_llamacpp_speculative_greedy import (  # noqa: E402
+    PROMPTS,
+    Echo,
+    longest_run,
+    plain,
+    speculative,
+)
 from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
 from zllm.engine.llamacpp.row_agreement import CHECKED_ROWS, agreeing_rows  # noqa: E402
 
@@ -62,11 +68,16 @@ def test_quantized_weights_need_no_pad(engines) -> None:
 def test_speculative_greedy_without_a_pad_is_a_plain_servers_greedy_bit_for_bit(engines, turn) -> None:
     speculating, plain_server = engines
     want, plain_logits = plain(plain_server, PROMPTS[turn])
-    for drafter in (None, Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)):
+    echoes = [Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)]
+    if turn == "echo":  # drafts as long as the checked rows allow, wholly accepted
+        echoes.append(Echo(PROMPTS[turn], want, gap=160))
+    for drafter in (None, *echoes):
         got, runs, step = speculative(speculating, PROMPTS[turn], drafter)
         assert got == want
         for emitted, logits in runs:
             if emitted <= len(plain_logits):
                 assert np.array_equal(logits, plain_logits[emitted - 1]), f"logits after token {emitted} differ"
         assert step.stats.drafted > 0
+    if turn == "echo":
+        assert longest_run(runs) == CHECKED_ROWS[-1], "a draft of verify_rows - 1 tokens was wholly accepted"
     assert step.stats.accepted >= 150 and step.stats.steps < len(want) / 2, "accepted in runs"
