@@ -186,8 +186,8 @@ class DraftPlan:
 GATE_DECAY = 0.8  # weight of the past per draft in the gate's acceptance counts: the last ~5 drafts of a class
 GATE_RELAX = 0.95  # per step a class drafts nothing, its counts move this much less toward their prior
 # a class's prior (accepted tokens, rejections): a long match is a copy more often than not (an echo, a tool call's
-# JSON repeated), a short one is a coin toss
-GATE_PRIORS = {True: (4.0, 1.0), False: (1.0, 1.0)}
+# JSON repeated), a short one is a coin toss, a guess (`_guess`: a 1-gram) is right about a third of the time
+GATE_PRIORS = {"long": (4.0, 1.0), "short": (1.0, 1.0), "guess": (1.0, 2.0)}
 
 
 @dataclass
@@ -195,40 +195,46 @@ class CostGate:
     """Whether a draft pays, from what its rows cost and how often drafts like it were accepted.
 
     A draft of k tokens verifies k + 1 rows in one forward. With p the chance that a draft token is accepted given
-    the one before it was, the step emits 1 + p + p^2 + .. + p^k tokens on average and costs
-    1 + row_cost * (k + 1 - step_rows) steps (rows the engine computes anyway, a pad row, are free; `row_cost` is
-    the engine's measure: llamacpp/verify_cost.py). The gate keeps the k with the most tokens per step, and 0 —
-    a plain step — where none beats the plain step's 1. p is counted per class of draft (from a long suffix
-    match or a short one) over the last few drafts of that class; a class drafting nothing relaxes toward its prior,
-    so a turn that starts copying later is drafted again. Only the speed depends on it: any draft length keeps
-    greedy output the plain output."""
+    the one before it was, the step emits 1 + p + p^2 + .. + p^k tokens on average. Its cost, in plain steps over
+    a sequence of n cells: (1 + row_cost * max(0, k + 1 - step_rows) + a * n * (k + 1)) / (1 + a * n), where
+    `row_cost` is a row's products measured over a short sequence (llamacpp/verify_cost.py; rows the engine
+    computes anyway, a pad row, are free there) and a = `cell_cost` a row's attention per cell, which batching does
+    not share (a pad row attends to its own cell only). The gate keeps the k with the most tokens per step, and 0 —
+    a plain step — where none beats the plain step's 1. p is counted per class of draft (from a long suffix match,
+    a short one, or a 1-token guess in the pad row) over the last few drafts of that class; a class drafting nothing
+    relaxes toward its prior, so a turn that starts copying later is drafted again. Only the speed depends on it:
+    any draft length keeps greedy output the plain output."""
 
     row_cost: float
     step_rows: int
-    counts: dict[bool, list[float]] = field(default_factory=lambda: {c: list(p) for c, p in GATE_PRIORS.items()})
+    cell_cost: float = 0.0
+    counts: dict[str, list[float]] = field(default_factory=lambda: {c: list(p) for c, p in GATE_PRIORS.items()})
 
-    def acceptance(self, long: bool) -> float:
-        accepted, rejected = self.counts[long]
+    def acceptance(self, kind: str) -> float:
+        accepted, rejected = self.counts[kind]
         return accepted / (accepted + rejected)
 
-    def draft_length(self, available: int, long: bool) -> int:
-        """The best draft length up to `available` tokens for a draft of this class (0: none pays)."""
-        p = self.acceptance(long)
+    def draft_length(self, available: int, kind: str, cells: int = 0) -> int:
+        """The best draft length up to `available` tokens for a draft of this class (0: none pays), `cells` the
+        sequence's length."""
+        p = self.acceptance(kind)
+        attention = self.cell_cost * cells
         best_length, best, expected, chance = 0, 1.0, 1.0, 1.0
         for length in range(1, available + 1):
             chance *= p
             expected += chance
-            gain = expected / (1.0 + self.row_cost * max(0, length + 1 - self.step_rows))
-            if gain > best:
-                best_length, best = length, gain
+            rows = length + 1
+            cost = (1.0 + self.row_cost * max(0, rows - self.step_rows) + attention * rows) / (1.0 + attention)
+            if expected / cost > best:
+                best_length, best = length, expected / cost
         if best_length == 0:  # nothing drafted in this class: its evidence ages toward the prior
-            counts, prior = self.counts[long], GATE_PRIORS[long]
+            counts, prior = self.counts[kind], GATE_PRIORS[kind]
             for i in range(2):
                 counts[i] = GATE_RELAX * counts[i] + (1 - GATE_RELAX) * prior[i]
         return best_length
 
-    def observe(self, long: bool, drafted: int, accepted: int) -> None:
-        counts = self.counts[long]
+    def observe(self, kind: str, drafted: int, accepted: int) -> None:
+        counts = self.counts[kind]
         counts[0] = GATE_DECAY * counts[0] + accepted
         counts[1] = GATE_DECAY * counts[1] + (accepted < drafted)
 
@@ -260,7 +266,7 @@ class SpeculativeStep:
             self.prompt_ids, max_ngram=self.config.max_ngram, min_ngram=self.config.min_ngram)
         row_cost = getattr(self.runner, "verify_row_cost", None)  # engine/contract.py: None where unmeasured
         if self.config.gate and self.drafter is None and row_cost is not None:
-            self.gate = CostGate(row_cost, self.runner.step_rows)
+            self.gate = CostGate(row_cost, self.runner.step_rows, getattr(self.runner, "attention_cell_cost", 0.0))
 
     def step(self, logits: Logits, cache: Any, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> SpeculativeRun:
@@ -290,7 +296,7 @@ class SpeculativeStep:
         draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
         long = getattr(self.lookup, "matched", 0) >= self.config.long_match
         if draft and self.gate is not None:
-            draft, masks = self._gated(draft, masks, long)
+            draft, masks = self._gated(draft, masks, "long" if long else "short")
         if not draft and self._guess(remaining):
             draft, masks = self._draft(first_id, fence, loop_guard, 1, min_ngram=1)
             return DraftPlan(first_id, draft, masks, guess=True)
@@ -305,8 +311,8 @@ class SpeculativeStep:
         tokens = [plan.first_id, *plan.draft[:accepted]]
         self.lookup.extend(tokens)
         self._count(len(plan.draft), accepted, backs_off=not plan.guess)
-        if self.gate is not None and plan.draft and not plan.guess:
-            self.gate.observe(plan.long, len(plan.draft), accepted)
+        if self.gate is not None and plan.draft:
+            self.gate.observe("guess" if plan.guess else "long" if plan.long else "short", len(plan.draft), accepted)
         return SpeculativeRun(tokens, rows[accepted])
 
     # ------------------------------------------------------------------ sampling the first token
@@ -327,9 +333,12 @@ class SpeculativeStep:
     def _guess(self, remaining: int) -> bool:
         """Whether a step that drafts nothing should still verify one guessed token: when the engine computes 2+
         rows per step anyway (a pad row: engine/contract.py's step_rows), the guess takes the pad's place and
-        costs nothing, so a no-copy turn gains whatever the guesses get right. The guess is what followed the
+        costs nothing over a short sequence (the cost gate weighs its attention over a long one), so a no-copy turn gains whatever the guesses get right. The guess is what followed the
         latest earlier occurrence of the last token (prompt lookup down to a 1-gram)."""
-        return remaining >= 2 and self.runner.step_rows >= 2 and isinstance(self.lookup, PromptLookup)
+        if remaining < 2 or self.runner.step_rows < 2 or not isinstance(self.lookup, PromptLookup):
+            return False
+        # over a long sequence the guess is not free: it attends to every cell where the pad row attends to one
+        return self.gate is None or self.gate.draft_length(1, "guess", cells=len(self.lookup)) == 1
 
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
                limit: int, min_ngram: int | None = None) -> tuple[list[int], np.ndarray | None]:
@@ -354,10 +363,9 @@ class SpeculativeStep:
         draft = draft[:masks.shape[0] - 1]  # a forbidden token would be rejected anyway: do not verify it
         return draft, masks[:len(draft)]
 
-    def _gated(self, draft: list[int], masks: np.ndarray | None,
-               long: bool) -> tuple[list[int], np.ndarray | None]:
+    def _gated(self, draft: list[int], masks: np.ndarray | None, kind: str) -> tuple[list[int], np.ndarray | None]:
         """The draft cut to the length the cost gate expects to pay best (nothing: a plain step)."""
-        length = self.gate.draft_length(len(draft), long)
+        length = self.gate.draft_length(len(draft), kind, cells=len(self.lookup))
         if length == len(draft):
             return draft, masks
         self.stats.gated += 1

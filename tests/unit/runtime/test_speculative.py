@@ -423,15 +423,21 @@ def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
 
 def test_the_gate_drafts_only_where_the_expected_tokens_pay_for_the_rows() -> None:
     quantized = CostGate(row_cost=0.6, step_rows=1)  # Q4_1 on a CPU: every verified row costs 0.6 of a step
-    quantized.counts[False] = [1.0, 9.0]  # p = 0.1
-    assert quantized.draft_length(12, long=False) == 0
-    quantized.counts[True] = [99.0, 1.0]  # p = 0.99
-    assert 4 <= quantized.draft_length(62, long=True) <= 16  # long drafts' rows cost more than they add
+    quantized.counts["short"] = [1.0, 9.0]  # p = 0.1
+    assert quantized.draft_length(12, "short") == 0
+    quantized.counts["long"] = [99.0, 1.0]  # p = 0.99
+    assert 4 <= quantized.draft_length(62, "long") <= 16  # long drafts' rows cost more than they add
     padded = CostGate(row_cost=0.2, step_rows=2)  # F16 padded: a 1-token draft takes the pad row's place
-    padded.counts[False] = [1.0, 9.0]
-    assert padded.draft_length(12, long=False) == 1
-    padded.counts[True] = [99.0, 1.0]
-    assert padded.draft_length(62, long=True) > 16
+    padded.counts["short"] = [1.0, 9.0]
+    assert padded.draft_length(12, "short") == 1
+    padded.counts["long"] = [99.0, 1.0]
+    assert padded.draft_length(62, "long") > 16
+    # over 8.5K cells each row also attends to them all, twice its products' cost (the default model)
+    long_conversation = CostGate(row_cost=0.2, step_rows=2, cell_cost=2.56e-4)
+    long_conversation.counts["long"] = [99.0, 1.0]
+    assert 2 <= long_conversation.draft_length(62, "long", cells=8500) <= 10
+    assert padded.draft_length(1, "guess") == 1  # the pad row's place: free over a short sequence
+    assert long_conversation.draft_length(1, "guess", cells=8500) == 0  # a row attending to 8.5K cells is not
 
 
 class ScriptModel:

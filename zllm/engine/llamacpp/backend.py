@@ -33,7 +33,7 @@ import numpy as np
 
 from zllm.engine.contract import UNBOUNDED_ROWS, KeptState, Row
 from zllm.engine.llamacpp.row_agreement import agreeing_rows
-from zllm.engine.llamacpp.verify_cost import verify_row_cost
+from zllm.engine.llamacpp.verify_cost import attention_cell_cost, verify_row_cost
 from zllm.errors import EngineFailure
 
 log = logging.getLogger("zllm.engine")
@@ -163,6 +163,7 @@ class LlamaCppEngine:
         # what one more verified row costs, in steps (verify_cost.py): speculation's gate; None where no server
         # speculates (measured at load for a speculating one)
         self.verify_row_cost: float | None = None
+        self.attention_cell_cost = 0.0  # what a verified row's attention adds per cell of its sequence, in steps
         if settings.uniform_rows and not settings.exact:
             self._measure_row_agreement()
         if settings.uniform_rows:
@@ -279,6 +280,7 @@ class LlamaCppEngine:
         lc.llama_set_n_threads(self.ctx, 1, 1)  # as `_measure_bytes_per_token`
         try:
             self.verify_row_cost = verify_row_cost(self)
+            self.attention_cell_cost = attention_cell_cost(self)
         finally:
             lc.llama_set_n_threads(self.ctx, threads, threads)
         log.info("llama.cpp: a verified row costs %.2f of a decode step", self.verify_row_cost)
