@@ -333,8 +333,9 @@ class SpeculativeStep:
     def _guess(self, remaining: int) -> bool:
         """Whether a step that drafts nothing should still verify one guessed token: when the engine computes 2+
         rows per step anyway (a pad row: engine/contract.py's step_rows), the guess takes the pad's place and
-        costs nothing over a short sequence (the cost gate weighs its attention over a long one), so a no-copy turn gains whatever the guesses get right. The guess is what followed the
-        latest earlier occurrence of the last token (prompt lookup down to a 1-gram)."""
+        costs nothing over a short sequence (the cost gate weighs its attention over a long one), so a no-copy
+        turn gains whatever the guesses get right. The guess is what followed the latest earlier occurrence of
+        the last token (prompt lookup down to a 1-gram)."""
         if remaining < 2 or self.runner.step_rows < 2 or not isinstance(self.lookup, PromptLookup):
             return False
         # over a long sequence the guess is not free: it attends to every cell where the pad row attends to one
