@@ -14,6 +14,7 @@ with the model's EOS ignored (exactly --new-tokens tokens), timed after the pref
     speculative  the runtime's SpeculativeStep (prompt lookup over prompt + output, SpeculationConfig defaults;
                  a step with no draft verifies a 1-token guess in the pad row's place)
     no_guess     the same without the guess (a step with no draft is a padded 1-token step)
+    previous     (--previous) the drafting before the cost gate: drafts of 12 at most, a 5-gram lookup, no gate
     ngram_mod    (--ngram-mod) llama-server --spec-default's drafting idea in zllm's step: a table from every
                  24-token n-gram of prompt + output to the token after it, followed link by link, a draft only
                  when 48+ tokens chain (capped at 62 here: 63 rows keep the per-cell attention)
@@ -89,6 +90,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ngram-mod", action="store_true", help="also draft as llama-server --spec-default does")
     parser.add_argument("--draft-model", type=Path, action="append", default=[],
                         help="a GGUF file drafting for the model (repeatable: one side each)")
+    parser.add_argument("--previous", action="store_true",
+                        help="also the drafting before the cost gate (max_draft 12, 5-gram lookup, no gate)")
     return parser.parse_args()
 
 
@@ -143,14 +146,19 @@ class NgramTable:
         return draft if len(draft) >= min(self.least, limit) else []
 
 
+PREVIOUS = SpeculationConfig(max_draft=12, max_ngram=5, gate=False)  # the defaults before the cost gate
+
+
 def greedy_speculative(engine, prompt: list[int], new_tokens: int, kind: type[SpeculativeStep] = SpeculativeStep,
-                       ngram_mod: bool = False, draft: LlamaDraftModel | None = None
+                       ngram_mod: bool = False, draft: LlamaDraftModel | None = None,
+                       config: SpeculationConfig | None = None,
                        ) -> tuple[list[int], float, SpeculativeStep]:
     seq = engine.open()
     try:
         logits = engine.step([Row(seq, prompt)])[0]
-        config = (SpeculationConfig(max_draft=62, max_backoff=0, first_draft=62) if ngram_mod
-                  else SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft is not None else SpeculationConfig())
+        config = config or (SpeculationConfig(max_draft=62, max_backoff=0, first_draft=62) if ngram_mod
+                            else SpeculationConfig(**DRAFT_MODEL_SPECULATION) if draft is not None
+                            else SpeculationConfig())
         drafter = NgramTable(prompt) if ngram_mod else draft.drafter_for(prompt) if draft is not None else None
         spec = kind(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt, config, drafter=drafter)
         tokens: list[int] = []
@@ -192,6 +200,10 @@ def main() -> None:
             unguessed, seconds, _ = greedy_speculative(engine, prompt, args.new_tokens, NoGuess)
             best["no_guess"] = min(best["no_guess"], seconds)
             identical = identical and got == pad == unguessed
+            if args.previous:
+                before, seconds, previous_spec = greedy_speculative(engine, prompt, args.new_tokens, config=PREVIOUS)
+                best["previous"] = min(best.get("previous", float("inf")), seconds)
+                identical = identical and before == pad
             if args.ngram_mod:
                 table, seconds, table_spec = greedy_speculative(engine, prompt, args.new_tokens, NoGuess, True)
                 best["ngram_mod"] = min(best.get("ngram_mod", float("inf")), seconds)
@@ -209,7 +221,10 @@ def main() -> None:
             "padded_vs_plain": round(rate["padded"] / rate["plain"], 3),
             "no_guess_vs_plain": round(rate["no_guess"] / rate["plain"], 3), "repeats": args.repeats,
             "acceptance": round(spec.stats.acceptance, 3), "drafted": spec.stats.drafted,
-            "tokens_per_forward": round(args.new_tokens / max(spec.stats.steps, 1), 2),
+            "tokens_per_forward": round(args.new_tokens / max(spec.stats.steps, 1), 2), "gated": spec.stats.gated,
+            **({"previous_vs_plain": round(rate["previous"] / rate["plain"], 3),
+                "previous_tokens_per_forward": round(args.new_tokens / max(previous_spec.stats.steps, 1), 2)}
+               if args.previous else {}),
             **({"ngram_mod": {"acceptance": round(table_spec.stats.acceptance, 3), "drafted": table_spec.stats.drafted,
                               "tokens_per_forward": round(args.new_tokens / max(table_spec.stats.steps, 1), 2)}}
                if args.ngram_mod else {}),
@@ -220,6 +235,7 @@ def main() -> None:
                for name, step in draft_specs.items()},
             "identical": identical, "plain_first_diff": _first_diff(plain, pad),
             "pads": engine.step_rows == 2, "verify_rows": engine.verify_rows,
+            "verify_row_cost": round(engine.verify_row_cost or 0.0, 3),
             "model": model_dir.name, "threads": args.threads}), flush=True)
         if not identical:
             failed.append(f"{turn} at token {_first_diff(got, pad)}")

@@ -14,7 +14,8 @@ the machine's noise hits each kind alike; medians:
     rowsN       a verify of N tokens of one sequence (a draft of N - 1)
 
 Also prints `agreeing_rows` (engine/llamacpp/row_agreement.py): up to how many rows a verify gives 1-token
-decoding's bits without a pad on this model (1: none, the engine pads). One JSON line:
+decoding's bits without a pad on this model (1: none, the engine pads), over the row counts a load checks or
+(`--agreement dense`) every count 2..63. One JSON line:
     {"bench": "verify_rows_cost", "cells": 300, "ms": {...}, "vs_plain": {...}, "agreeing_rows": 1, ...}
 """
 
@@ -34,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_args import FILLER, model_parser, resolve_model_dir  # noqa: E402  (bench/bench_args.py)
 
 from zllm.engine.contract import Row  # noqa: E402
-from zllm.engine.llamacpp.backend import CHECKED_ROWS, LlamaSequence  # noqa: E402
+from zllm.engine.llamacpp.backend import LlamaSequence  # noqa: E402
 from zllm.engine.llamacpp.loader import load_gguf_model  # noqa: E402
-from zllm.engine.llamacpp.row_agreement import agreeing_rows  # noqa: E402
+from zllm.engine.llamacpp.row_agreement import CHECKED_ROWS, agreeing_rows  # noqa: E402
 
 
 def parse_args():
@@ -44,6 +45,8 @@ def parse_args():
     parser.add_argument("--cells", type=int, default=300, help="prompt tokens before the measured steps")
     parser.add_argument("--steps", type=int, default=40, help="rounds of every step kind")
     parser.add_argument("--rows", default="2,4,8,13", help="verify sizes to time")
+    parser.add_argument("--agreement", choices=("checked", "dense"), default="checked",
+                        help="agreeing_rows over the counts a load checks, or over every count 2..63")
     return parser.parse_args()
 
 
@@ -55,7 +58,7 @@ def main() -> None:
     plain = dataclasses.replace(speculating, uniform_rows=False)
     pads = engine.step_rows == 2  # as the speculating server runs
     engine.settings = plain
-    agree = agreeing_rows(engine, CHECKED_ROWS)
+    agree = agreeing_rows(engine, CHECKED_ROWS if args.agreement == "checked" else range(2, 64))
     prompt = (tokenizer.encode(FILLER * 200, add_special_tokens=False))[:args.cells]
     seq = engine.open()
     engine.step([Row(seq, prompt)])

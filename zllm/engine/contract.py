@@ -14,6 +14,8 @@
                                              which a 1-token speculative draft can take instead, for free)
     engine.verify_rows                       the most tokens one row may feed and still get, after each, the
                                              bits 1-token steps give (a speculative draft's limit + 1)
+    engine.verify_row_cost                   what one more verified row costs, in steps (None: not measured;
+                                             speculation's cost gate then stays off)
 
 Backends: `torch` (engine/torch/runner.py: transformers, a `DynamicCache` per sequence, packed forwards) and
 `llamacpp` (engine/llamacpp/: GGUF as it is, one `llama_decode` per step over every row, sequences in one
@@ -73,6 +75,7 @@ class Engine(Protocol):
     device: Any  # torch.device the logits live on; None: numpy arrays in host memory
     step_rows: int  # the fewest tokens a step computes
     verify_rows: int  # the most tokens a verify may feed and keep 1-token steps' bits
+    verify_row_cost: float | None  # a verified row past step_rows, in steps (runtime/speculative.py's CostGate)
 
     def engine_thread(self, threads: int) -> AbstractContextManager: ...
 

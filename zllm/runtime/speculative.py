@@ -47,8 +47,10 @@ class SpeculationConfig:
     # defaults from bench/speculative.py on a CPU: a verify forward costs well over a decode step even for a
     # 2-token draft, so drafts are long and only drafted from a 3-gram match or longer (a 1-gram "match" is
     # right too rarely to pay for its forward on text that is not an echo)
-    max_draft: int = 12  # k: draft tokens verified per forward at most (k + 1 < 64: llama.cpp's per-cell attention)
-    max_ngram: int = 5  # longest suffix n-gram looked up
+    max_draft: int = 62  # k: draft tokens verified per forward at most (k + 1 < 64: llama.cpp's per-cell attention)
+    # longest suffix n-gram looked up: the draft follows the latest occurrence of the longest match, and how long
+    # that match is tells the gate how likely the text is copied (`long_match`)
+    max_ngram: int = 16
     min_ngram: int = 3  # shortest (1: any earlier occurrence of the last token)
     # after a draft whose first token is rejected, plain steps before the next draft: 1, 2, 4 .. max_backoff
     # for consecutive failures (0: always draft). A verify forward over k + 1 tokens costs more than a decode
@@ -58,10 +60,15 @@ class SpeculationConfig:
     # was not wholly accepted (or its accepted tokens + 1 if more), doubled after one that was, up to max_draft.
     # A CPU's verify is compute-bound: 13 rows cost ~4x a 1-token step at 1 thread, so a long draft must be earned
     first_draft: int = 2
+    # the cost gate (`CostGate`; prompt lookup on an engine that measures what a verified row costs): a suffix
+    # match of this many tokens or more drafts as a "long" match, whose acceptance is tracked apart from short
+    # ones' (an echo's 16-token matches are right where a story's 3-token ones are not)
+    long_match: int = 8
+    gate: bool = True
 
     def __post_init__(self) -> None:
         assert self.max_draft >= 1 and 1 <= self.min_ngram <= self.max_ngram and self.max_backoff >= 0
-        assert self.first_draft >= 1
+        assert self.first_draft >= 1 and self.long_match >= self.min_ngram
 
 
 class Drafter(Protocol):
@@ -89,6 +96,7 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._buffer = np.empty(256, dtype=np.int32)  # token ids; the first `_length` are the sequence
         self._length = 0
+        self.matched = 0  # the last `propose`'s match: its suffix n-gram's length (0: none)
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -111,22 +119,24 @@ class PromptLookup:
         # an earlier occurrence ends before the suffix's own last token, so inside the sequence, at last_end or
         # before (the sequence's last token is the suffix's own unless a tail follows it)
         last_end = self._length - 1 if tail else self._length - 2
+        self.matched = 0
         if limit <= 0 or last_end < 0:
             return []
         sequence = self._buffer[:self._length]
         recent = [*sequence[-self.max_ngram:].tolist(), *tail]
         ends = np.flatnonzero(sequence[:last_end + 1] == recent[-1])  # 1-gram hits, ascending
         shortest = self.min_ngram if min_ngram is None else min_ngram
-        best = ends if shortest == 1 else None
+        best, matched = (ends, 1) if shortest == 1 else (None, 0)
         for n in range(2, min(self.max_ngram, len(recent)) + 1):
             ends = ends[ends >= n - 1]
             ends = ends[sequence[ends - (n - 1)] == recent[-n]]
             if not len(ends):
                 break
             if n >= shortest:
-                best = ends
+                best, matched = ends, n
         if best is None or not len(best):
             return []
+        self.matched = matched
         start = int(best[-1]) + 1  # the latest occurrence: nearer text is likelier to be what is echoed
         # what followed it: the rest of the sequence, then the tail; past the end the text repeats with the period
         # between the occurrence and the suffix (a run of repeated lines drafts as long as the limit allows)
@@ -143,6 +153,7 @@ class SpeculationStats:
     drafted: int = 0  # draft tokens verified
     accepted: int = 0  # draft tokens accepted
     emitted: int = 0  # tokens returned (accepted drafts + one per step)
+    gated: int = 0  # steps whose draft the cost gate shortened (to nothing: a plain step, or the pad row's guess)
 
     @property
     def acceptance(self) -> float:
@@ -165,10 +176,67 @@ class DraftPlan:
     draft: list[int]
     masks: np.ndarray | None  # the fence's mask at each draft position ([len(draft), words]), None: no fence
     guess: bool = False  # a 1-token draft in the row the engine would pad anyway (`_guess`): no backoff on it
+    long: bool = False  # drafted from a long suffix match (SpeculationConfig.long_match): the gate's class
 
     @property
     def feed(self) -> list[int]:
         return [self.first_id, *self.draft]
+
+
+GATE_DECAY = 0.8  # weight of the past per draft in the gate's acceptance counts: the last ~5 drafts of a class
+GATE_RELAX = 0.95  # per step a class drafts nothing, its counts move this much less toward their prior
+# a class's prior (accepted tokens, rejections): a long match is a copy more often than not (an echo, a tool call's
+# JSON repeated), a short one is a coin toss, a guess (`_guess`: a 1-gram) is right about a third of the time
+GATE_PRIORS = {"long": (4.0, 1.0), "short": (1.0, 1.0), "guess": (1.0, 2.0)}
+
+
+@dataclass
+class CostGate:
+    """Whether a draft pays, from what its rows cost and how often drafts like it were accepted.
+
+    A draft of k tokens verifies k + 1 rows in one forward. With p the chance that a draft token is accepted given
+    the one before it was, the step emits 1 + p + p^2 + .. + p^k tokens on average. Its cost, in plain steps over
+    a sequence of n cells: (1 + row_cost * max(0, k + 1 - step_rows) + a * n * (k + 1)) / (1 + a * n), where
+    `row_cost` is a row's products measured over a short sequence (llamacpp/verify_cost.py; rows the engine
+    computes anyway, a pad row, are free there) and a = `cell_cost` a row's attention per cell, which batching does
+    not share (a pad row attends to its own cell only). The gate keeps the k with the most tokens per step, and 0 —
+    a plain step — where none beats the plain step's 1. p is counted per class of draft (from a long suffix match,
+    a short one, or a 1-token guess in the pad row) over the last few drafts of that class; a class drafting nothing
+    relaxes toward its prior, so a turn that starts copying later is drafted again. Only the speed depends on it:
+    any draft length keeps greedy output the plain output."""
+
+    row_cost: float
+    step_rows: int
+    cell_cost: float = 0.0
+    counts: dict[str, list[float]] = field(default_factory=lambda: {c: list(p) for c, p in GATE_PRIORS.items()})
+
+    def acceptance(self, kind: str) -> float:
+        accepted, rejected = self.counts[kind]
+        return accepted / (accepted + rejected)
+
+    def draft_length(self, available: int, kind: str, cells: int = 0) -> int:
+        """The best draft length up to `available` tokens for a draft of this class (0: none pays), `cells` the
+        sequence's length."""
+        p = self.acceptance(kind)
+        attention = self.cell_cost * cells
+        best_length, best, expected, chance = 0, 1.0, 1.0, 1.0
+        for length in range(1, available + 1):
+            chance *= p
+            expected += chance
+            rows = length + 1
+            cost = (1.0 + self.row_cost * max(0, rows - self.step_rows) + attention * rows) / (1.0 + attention)
+            if expected / cost > best:
+                best_length, best = length, expected / cost
+        if best_length == 0:  # nothing drafted in this class: its evidence ages toward the prior
+            counts, prior = self.counts[kind], GATE_PRIORS[kind]
+            for i in range(2):
+                counts[i] = GATE_RELAX * counts[i] + (1 - GATE_RELAX) * prior[i]
+        return best_length
+
+    def observe(self, kind: str, drafted: int, accepted: int) -> None:
+        counts = self.counts[kind]
+        counts[0] = GATE_DECAY * counts[0] + accepted
+        counts[1] = GATE_DECAY * counts[1] + (accepted < drafted)
 
 
 @dataclass(eq=False)
@@ -190,11 +258,15 @@ class SpeculativeStep:
     _backoff: int = field(init=False, default=0)  # plain steps the last failed draft costs (doubles per failure)
     _skip: int = field(init=False, default=0)  # plain steps left before drafting again
     _limit: int = field(init=False, default=0)  # the next draft's length at most (SpeculationConfig.first_draft)
+    gate: CostGate | None = field(init=False, default=None)  # prompt lookup on an engine that measures row costs
 
     def __post_init__(self) -> None:
         self._limit = self.config.first_draft
         self.lookup = self.drafter if self.drafter is not None else PromptLookup(
             self.prompt_ids, max_ngram=self.config.max_ngram, min_ngram=self.config.min_ngram)
+        row_cost = getattr(self.runner, "verify_row_cost", None)  # engine/contract.py: None where unmeasured
+        if self.config.gate and self.drafter is None and row_cost is not None:
+            self.gate = CostGate(row_cost, self.runner.step_rows, getattr(self.runner, "attention_cell_cost", 0.0))
 
     def step(self, logits: Logits, cache: Any, *, remaining: int, fence: Fence | None = None,
              loop_guard: LoopGuard | None = None) -> SpeculativeRun:
@@ -222,10 +294,13 @@ class SpeculativeStep:
             self.stats.emitted += 1
             return SpeculativeRun([first_id], None)
         draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
+        long = getattr(self.lookup, "matched", 0) >= self.config.long_match
+        if draft and self.gate is not None:
+            draft, masks = self._gated(draft, masks, "long" if long else "short")
         if not draft and self._guess(remaining):
             draft, masks = self._draft(first_id, fence, loop_guard, 1, min_ngram=1)
             return DraftPlan(first_id, draft, masks, guess=True)
-        return DraftPlan(first_id, draft, masks)
+        return DraftPlan(first_id, draft, masks, long=long)
 
     def resolve(self, plan: DraftPlan, rows: Logits, cache: Any) -> SpeculativeRun:
         """The second half: `rows` are the logits after each fed token (`[len(plan.feed), vocab]`), and the
@@ -236,6 +311,8 @@ class SpeculativeStep:
         tokens = [plan.first_id, *plan.draft[:accepted]]
         self.lookup.extend(tokens)
         self._count(len(plan.draft), accepted, backs_off=not plan.guess)
+        if self.gate is not None and plan.draft:
+            self.gate.observe("guess" if plan.guess else "long" if plan.long else "short", len(plan.draft), accepted)
         return SpeculativeRun(tokens, rows[accepted])
 
     # ------------------------------------------------------------------ sampling the first token
@@ -256,9 +333,13 @@ class SpeculativeStep:
     def _guess(self, remaining: int) -> bool:
         """Whether a step that drafts nothing should still verify one guessed token: when the engine computes 2+
         rows per step anyway (a pad row: engine/contract.py's step_rows), the guess takes the pad's place and
-        costs nothing, so a no-copy turn gains whatever the guesses get right. The guess is what followed the
-        latest earlier occurrence of the last token (prompt lookup down to a 1-gram)."""
-        return remaining >= 2 and self.runner.step_rows >= 2 and isinstance(self.lookup, PromptLookup)
+        costs nothing over a short sequence (the cost gate weighs its attention over a long one), so a no-copy
+        turn gains whatever the guesses get right. The guess is what followed the latest earlier occurrence of
+        the last token (prompt lookup down to a 1-gram)."""
+        if remaining < 2 or self.runner.step_rows < 2 or not isinstance(self.lookup, PromptLookup):
+            return False
+        # over a long sequence the guess is not free: it attends to every cell where the pad row attends to one
+        return self.gate is None or self.gate.draft_length(1, "guess", cells=len(self.lookup)) == 1
 
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
                limit: int, min_ngram: int | None = None) -> tuple[list[int], np.ndarray | None]:
@@ -282,6 +363,14 @@ class SpeculativeStep:
         masks = probe.draft_masks(draft)  # [valid + 1, words]: rows past a forbidden token are missing
         draft = draft[:masks.shape[0] - 1]  # a forbidden token would be rejected anyway: do not verify it
         return draft, masks[:len(draft)]
+
+    def _gated(self, draft: list[int], masks: np.ndarray | None, kind: str) -> tuple[list[int], np.ndarray | None]:
+        """The draft cut to the length the cost gate expects to pay best (nothing: a plain step)."""
+        length = self.gate.draft_length(len(draft), kind, cells=len(self.lookup))
+        if length == len(draft):
+            return draft, masks
+        self.stats.gated += 1
+        return draft[:length], None if masks is None or not length else masks[:length]
 
     # ------------------------------------------------------------------ verifying
 

@@ -12,9 +12,15 @@ import pytest
 
 lc = pytest.importorskip("llama_cpp")
 
-from tests.unit.engine.test_llamacpp_speculative_greedy import PROMPTS, Echo, plain, speculative  # noqa: E402
-from zllm.engine.llamacpp.backend import CHECKED_ROWS, ContextSettings, LlamaCppEngine  # noqa: E402
-from zllm.engine.llamacpp.row_agreement import agreeing_rows  # noqa: E402
+from tests.unit.engine.test_llamacpp_speculative_greedy import (  # noqa: E402
+    PROMPTS,
+    Echo,
+    longest_run,
+    plain,
+    speculative,
+)
+from zllm.engine.llamacpp.backend import ContextSettings, LlamaCppEngine  # noqa: E402
+from zllm.engine.llamacpp.row_agreement import CHECKED_ROWS, agreeing_rows  # noqa: E402
 
 
 def settings(uniform_rows: bool) -> ContextSettings:
@@ -42,7 +48,7 @@ def engines(q4_1_path):
 def test_f16_weights_need_the_pad(tiny_gguf_path) -> None:
     engine = LlamaCppEngine(str(tiny_gguf_path("llama-bpe", dtype="f16")), settings(False))
     try:
-        assert agreeing_rows(engine, 4) == 1  # 2 rows already differ from 1-token decoding
+        assert agreeing_rows(engine, (2, 3, 4)) == 1  # 2 rows already differ from 1-token decoding
     finally:
         engine.close()
     padded = LlamaCppEngine(str(tiny_gguf_path("llama-bpe", dtype="f16")), settings(True))
@@ -54,7 +60,7 @@ def test_f16_weights_need_the_pad(tiny_gguf_path) -> None:
 
 def test_quantized_weights_need_no_pad(engines) -> None:
     speculating, plain_server = engines
-    assert speculating.step_rows == 1 and speculating.verify_rows == CHECKED_ROWS
+    assert speculating.step_rows == 1 and speculating.verify_rows == CHECKED_ROWS[-1]
     assert speculating.free_sequences == plain_server.free_sequences  # the pad's sequence id went back
 
 
@@ -62,11 +68,16 @@ def test_quantized_weights_need_no_pad(engines) -> None:
 def test_speculative_greedy_without_a_pad_is_a_plain_servers_greedy_bit_for_bit(engines, turn) -> None:
     speculating, plain_server = engines
     want, plain_logits = plain(plain_server, PROMPTS[turn])
-    for drafter in (None, Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)):
+    echoes = [Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)]
+    if turn == "echo":  # drafts as long as the checked rows allow, wholly accepted
+        echoes.append(Echo(PROMPTS[turn], want, gap=160))
+    for drafter in (None, *echoes):
         got, runs, step = speculative(speculating, PROMPTS[turn], drafter)
         assert got == want
         for emitted, logits in runs:
             if emitted <= len(plain_logits):
                 assert np.array_equal(logits, plain_logits[emitted - 1]), f"logits after token {emitted} differ"
         assert step.stats.drafted > 0
+    if turn == "echo":
+        assert longest_run(runs) == CHECKED_ROWS[-1], "a draft of verify_rows - 1 tokens was wholly accepted"
     assert step.stats.accepted >= 150 and step.stats.steps < len(want) / 2, "accepted in runs"

@@ -75,7 +75,7 @@ def speculative(engine, prompt: list[int], drafter=None) -> tuple[list[int], lis
     seq = engine.open()
     logits = engine.step([Row(seq, prompt)])[0]
     step = SpeculativeStep(engine, Sampler(SamplingConfig(temperature=0.0), None), prompt,
-                           SpeculationConfig(min_ngram=1, max_backoff=2), drafter=drafter)
+                           SpeculationConfig(min_ngram=1, max_backoff=2, gate=False), drafter=drafter)
     tokens, after = [], []
     while len(tokens) < TURN_TOKENS:
         run = step.step(logits, seq, remaining=TURN_TOKENS + 20)
@@ -86,16 +86,27 @@ def speculative(engine, prompt: list[int], drafter=None) -> tuple[list[int], lis
     return tokens[:TURN_TOKENS], after, step
 
 
+def longest_run(runs: list[tuple[int, np.ndarray]]) -> int:
+    """The most tokens one step emitted (a draft wholly accepted: its length + 1)."""
+    return max(after - before for (before, _), (after, _) in zip([(0, None), *runs], runs))
+
+
 @pytest.mark.parametrize("turn", PROMPTS)
 def test_speculative_greedy_is_plain_greedy_bit_for_bit(engine, turn) -> None:
     want, plain_logits = plain(engine, PROMPTS[turn])
-    for drafter in (None, Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)):
+    # on the echo turn also drafts of up to 62 tokens wholly accepted (63 rows: the per-cell attention's last)
+    echoes = [Echo(PROMPTS[turn], want, gap=17 if turn == "echo" else 5)]
+    if turn == "echo":
+        echoes.append(Echo(PROMPTS[turn], want, gap=160))
+    for drafter in (None, *echoes):
         got, runs, step = speculative(engine, PROMPTS[turn], drafter)
         assert got == want
         for emitted, logits in runs:
             if emitted <= TURN_TOKENS:
                 assert np.array_equal(logits, plain_logits[emitted - 1]), f"logits after token {emitted} differ"
         assert step.stats.drafted > 0, "drafts were verified"
+    if turn == "echo":
+        assert longest_run(runs) == 63, "a 62-token draft was wholly accepted"
     assert step.stats.accepted >= 150 and step.stats.steps < TURN_TOKENS / 2, "accepted in runs"
 
 

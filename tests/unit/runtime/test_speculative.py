@@ -38,7 +38,7 @@ from zllm.runtime.engine_loop import EngineLoop, EngineRequest
 from zllm.runtime.fence import FenceCompiler
 from zllm.runtime.loop_guard import LoopGuard, LoopGuardConfig
 from zllm.runtime.prefix import build_prefix_cache
-from zllm.runtime.speculative import PromptLookup, SpeculationConfig, SpeculativeStep
+from zllm.runtime.speculative import CostGate, PromptLookup, SpeculationConfig, SpeculativeStep
 
 
 @pytest.fixture(autouse=True)
@@ -416,3 +416,90 @@ def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
     kept = prefix_cache.graph.entries["r"].tokens if cached else None
     engine.shutdown()
     return events, kept
+
+
+# ---------------------------------------------------------------------------------------------- the cost gate
+
+
+def test_the_gate_drafts_only_where_the_expected_tokens_pay_for_the_rows() -> None:
+    quantized = CostGate(row_cost=0.6, step_rows=1)  # Q4_1 on a CPU: every verified row costs 0.6 of a step
+    quantized.counts["short"] = [1.0, 9.0]  # p = 0.1
+    assert quantized.draft_length(12, "short") == 0
+    quantized.counts["long"] = [99.0, 1.0]  # p = 0.99
+    assert 4 <= quantized.draft_length(62, "long") <= 16  # long drafts' rows cost more than they add
+    padded = CostGate(row_cost=0.2, step_rows=2)  # F16 padded: a 1-token draft takes the pad row's place
+    padded.counts["short"] = [1.0, 9.0]
+    assert padded.draft_length(12, "short") == 1
+    padded.counts["long"] = [99.0, 1.0]
+    assert padded.draft_length(62, "long") > 16
+    # over 8.5K cells each row also attends to them all, twice its products' cost (the default model)
+    long_conversation = CostGate(row_cost=0.2, step_rows=2, cell_cost=2.56e-4)
+    long_conversation.counts["long"] = [99.0, 1.0]
+    assert 2 <= long_conversation.draft_length(62, "long", cells=8500) <= 10
+    assert padded.draft_length(1, "guess") == 1  # the pad row's place: free over a short sequence
+    assert long_conversation.draft_length(1, "guess", cells=8500) == 0  # a row attending to 8.5K cells is not
+
+
+class ScriptModel:
+    """A runner whose greedy continuation of position j is text[j + 1], over a CountingCache: the answer is
+    fixed, and a draft is accepted exactly where prompt lookup guessed the script. Measures its rows' cost as a
+    llama.cpp engine would (verify_row_cost)."""
+
+    step_rows = 1
+    verify_rows = 1 << 30
+
+    def __init__(self, text: list[int], row_cost: float):
+        self.text, self.verify_row_cost = text, row_cost
+
+    def step(self, rows) -> list[torch.Tensor]:
+        results = []
+        for row in rows:
+            start, row.seq.length = row.seq.length, row.seq.length + len(row.token_ids)
+            logits = torch.zeros(len(row.token_ids), 256)
+            for i in range(len(row.token_ids)):
+                logits[i, self.text[start + i + 1]] = 1.0
+            results.append(logits if row.all_logits else logits[-1])
+        return results
+
+    length, crop = staticmethod(ConstantModel.length), staticmethod(ConstantModel.crop)
+
+
+def test_the_gate_stops_drafting_a_turn_with_nothing_to_copy_and_resumes_on_a_long_match() -> None:
+    """A small alphabet repeats 3-grams whose next token is a 1-in-6 guess (drafts fail), then a 100-token
+    copy of the prompt (long matches, drafts accepted): the gate cuts the failing drafts and drafts the copy
+    (no backoff: the gate alone)."""
+    generator = np.random.default_rng(7)
+    source = generator.integers(50, 250, 120).tolist()  # a "file" in the prompt
+    noise = generator.integers(1, 7, 150).tolist()
+    prompt = [*source, 9]
+    text = [*prompt, *noise, *source[10:110], 0]
+
+    def run(gate: bool) -> tuple[list[int], int, SpeculativeStep]:
+        model = ScriptModel(text, row_cost=0.6)  # Q4_1 on a CPU: a short match's coin toss never pays
+        spec = SpeculativeStep(model, Sampler(GREEDY), prompt, SpeculationConfig(gate=gate, max_backoff=0))
+        cache, emitted, drafted_in_noise = CountingCache(), [], 0
+        cache.length = len(prompt) - 1  # prefilled but for the last token, whose logits start the turn
+        logits = model.step([Row(cache, [prompt[-1]])])[0]
+        while len(emitted) < len(noise) + 100:
+            run = spec.step(logits, cache, remaining=len(noise) + 100 - len(emitted))
+            emitted += run.tokens
+            logits = run.logits
+            if len(emitted) <= len(noise):
+                drafted_in_noise = spec.stats.drafted
+        return emitted, drafted_in_noise, spec
+
+    plain, drafted_ungated, _ = run(gate=False)
+    gated, drafted_gated, spec = run(gate=True)
+    assert gated == plain == text[len(prompt):len(prompt) + len(noise) + 100]
+    assert spec.gate is not None and spec.stats.gated > 0
+    assert drafted_gated < drafted_ungated / 3, (drafted_gated, drafted_ungated)
+    assert spec.stats.accepted >= 80, "the copy was drafted and accepted"
+
+
+def test_no_gate_where_the_engine_measures_no_row_cost_or_a_draft_model_drafts() -> None:
+    row = torch.zeros(12)
+    assert SpeculativeStep(ConstantModel(row), Sampler(GREEDY), [1, 2]).gate is None
+    gated = ScriptModel([0] * 8, row_cost=0.3)
+    assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2]).gate is not None
+    assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2], drafter=Fives()).gate is None
+    assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2], SpeculationConfig(gate=False)).gate is None

@@ -33,6 +33,7 @@ import numpy as np
 
 from zllm.engine.contract import UNBOUNDED_ROWS, KeptState, Row
 from zllm.engine.llamacpp.row_agreement import agreeing_rows
+from zllm.engine.llamacpp.verify_cost import attention_cell_cost, verify_row_cost
 from zllm.errors import EngineFailure
 
 log = logging.getLogger("zllm.engine")
@@ -85,11 +86,6 @@ FAST_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_AUTO, lc.GGML_TYPE_F16)
 Q8_0_ATTENTION = Attention(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED, lc.GGML_TYPE_Q8_0)
 # query rows from which llama.cpp's CPU attention over F16 cells takes its tiled kernel (ggml's GGML_FA_TILE_Q)
 TILED_ATTENTION_ROWS = 64
-# rows the load-time check verifies at most (row_agreement.py: it verifies 2, 3, .. of them, so its cost grows
-# with the square; 9 take the 135M Q8_0 file's load from 0.8 to 5.7 s at 1 thread on a loaded machine): drafts
-# of 8 tokens at most where nothing pads. The kernels that agree without a pad batch poorly: a verify costs
-# 0.5-0.9 of a decode step per row there (Q4_1: 13 rows 8.9x one step), so longer drafts would gain little
-CHECKED_ROWS = 9
 KV_TYPE_BYTES = {lc.GGML_TYPE_F16: (2, 1), lc.GGML_TYPE_Q8_0: (34, 32)}  # bytes per element, as (num, den)
 KV_TYPE_NAMES = {lc.GGML_TYPE_F16: "f16", lc.GGML_TYPE_Q8_0: "q8_0"}  # as --cache-type (and llama.cpp's -ctk) name them
 
@@ -164,8 +160,14 @@ class LlamaCppEngine:
         # the most tokens one decode may verify and still give 1-token decoding's bits (speculation's drafts)
         # (UNBOUNDED_ROWS when no exactness is promised: no uniform_rows)
         self.verify_rows = TILED_ATTENTION_ROWS - 1 if self._pads else UNBOUNDED_ROWS
+        # what one more verified row costs, in steps (verify_cost.py): speculation's gate; None where no server
+        # speculates (measured at load for a speculating one)
+        self.verify_row_cost: float | None = None
+        self.attention_cell_cost = 0.0  # what a verified row's attention adds per cell of its sequence, in steps
         if settings.uniform_rows and not settings.exact:
             self._measure_row_agreement()
+        if settings.uniform_rows:
+            self._measure_verify_cost()
 
     @staticmethod
     def _context_params(settings: ContextSettings):
@@ -261,7 +263,7 @@ class LlamaCppEngine:
         lc.llama_set_n_threads(self.ctx, 1, 1)
         self._rows_agree = True  # decode unpadded while measuring
         try:
-            rows = agreeing_rows(self, CHECKED_ROWS)
+            rows = agreeing_rows(self)
         finally:
             lc.llama_set_n_threads(self.ctx, threads, threads)
             self._rows_agree = False
@@ -272,6 +274,16 @@ class LlamaCppEngine:
         self._free_ids.append(self._pad_id)  # no pad tokens: their sequence id serves requests
         self._pad_id = None
         log.info("llama.cpp: verified drafts give 1-token decoding's bits up to %d rows: no pad row", rows)
+
+    def _measure_verify_cost(self) -> None:
+        threads = self.settings.threads or _cores()
+        lc.llama_set_n_threads(self.ctx, 1, 1)  # as `_measure_bytes_per_token`
+        try:
+            self.verify_row_cost = verify_row_cost(self)
+            self.attention_cell_cost = attention_cell_cost(self)
+        finally:
+            lc.llama_set_n_threads(self.ctx, threads, threads)
+        log.info("llama.cpp: a verified row costs %.2f of a decode step", self.verify_row_cost)
 
     # ------------------------------------------------------------------ the engine seam
 

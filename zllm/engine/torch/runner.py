@@ -52,6 +52,7 @@ class ModelRunner:
     backend = "torch"
     step_rows = 1
     verify_rows = UNBOUNDED_ROWS  # no bound of its own (a draft is capped by SpeculationConfig.max_draft)
+    verify_row_cost = None  # not measured: prompt lookup drafts without the cost gate (backoff only)
 
     # ------------------------------------------------------------------ the engine seam (contract.py)
 
