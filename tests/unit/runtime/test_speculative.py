@@ -5,14 +5,13 @@ tokens after every step, grammar-valid sampled output, and accept/reject drawing
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from contextlib import nullcontext
 
 import numpy as np
 import pytest
 import torch
 
+from tests.support.engine_run import run_to_the_end
 from tests.support.speculation import (
     EDIT_EXAMPLE,
     EDIT_GRAMMAR,
@@ -27,7 +26,6 @@ from tests.support.speculation import (
     speculative,
 )
 from tests.support.tiny_models import QWEN_VOCAB_SIZE, tiny_qwen_tokenizer
-from zllm.canonical import Finished
 from zllm.engine.contract import Row
 from zllm.engine.sampler import Sampler, SamplingConfig
 from zllm.engine.torch.kv_layers import crop_to, working_cache
@@ -400,19 +398,7 @@ def engine_run(tiny_qwen, prompt: list[int], speculation, cached: bool):
     config = CacheConfig(device_budget_bytes=64 << 20)
     prefix_cache = build_prefix_cache(tiny_qwen, config) if cached else None
     engine = EngineLoop(runner, tiny_qwen.tokenizer, STOP_IDS, prefix_cache=prefix_cache)
-    events, done = [], threading.Event()
-
-    def sink(event) -> None:
-        events.append(event)
-        if isinstance(event, Finished):
-            done.set()
-
-    engine.start()
-    engine.submit(EngineRequest(request_id="r", prompt_ids=tuple(prompt), sampling=GREEDY, max_tokens=50, sink=sink,
-                                speculation=speculation))
-    assert done.wait(60)
-    while engine._live:  # the terminal state is kept after the Finished event
-        time.sleep(0.01)
+    events = run_to_the_end(engine, prompt_ids=tuple(prompt), sampling=GREEDY, max_tokens=50, speculation=speculation)
     kept = prefix_cache.graph.entries["r"].tokens if cached else None
     engine.shutdown()
     return events, kept

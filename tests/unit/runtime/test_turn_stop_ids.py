@@ -4,15 +4,14 @@ none (ClientBase.turn_stop_ids → EngineRequest.turn_stop_ids, added to the mod
 
 from __future__ import annotations
 
-import threading
-import time
 from types import SimpleNamespace
 
+from tests.support.engine_run import run_to_the_end
 from tests.support.speculation import GREEDY, IM_END, STOP_IDS, echo_model, encode
-from zllm.canonical import ChatRequest, Finished, FunctionTool, Message, TextDelta, ToolChoice
+from zllm.canonical import ChatRequest, FunctionTool, Message, TextDelta, ToolChoice
 from zllm.engine.torch.runner import ModelRunner
 from zllm.runtime.client_base import ClientBase
-from zllm.runtime.engine_loop import EngineLoop, EngineRequest
+from zllm.runtime.engine_loop import EngineLoop
 
 TOOL = FunctionTool("search", "Search", {"type": "object", "properties": {"q": {"type": "string"}}})
 
@@ -40,19 +39,8 @@ def test_a_turn_stop_id_ends_generation_as_the_models_own_end(tiny_qwen):
 
 def _run(tiny_qwen, prompt: list[int], turn_stop_ids: frozenset[int]):
     engine = EngineLoop(ModelRunner(tiny_qwen.model), tiny_qwen.tokenizer, STOP_IDS)
-    events, done = [], threading.Event()
-
-    def sink(event) -> None:
-        events.append(event)
-        if isinstance(event, Finished):
-            done.set()
-
-    engine.start()
-    engine.submit(EngineRequest(request_id="r", prompt_ids=tuple(prompt), sampling=GREEDY, max_tokens=20, sink=sink,
-                                turn_stop_ids=turn_stop_ids))
-    assert done.wait(60)
-    while engine._live:  # the terminal state is kept after the Finished event
-        time.sleep(0.01)
+    events = run_to_the_end(engine, prompt_ids=tuple(prompt), sampling=GREEDY, max_tokens=20,
+                            turn_stop_ids=turn_stop_ids)
     engine.shutdown()
     finished = events[-1]
     return ("".join(e.text for e in events if isinstance(e, TextDelta)), finished.reason.value,
