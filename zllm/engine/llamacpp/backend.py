@@ -123,6 +123,13 @@ class ContextSettings:
         return self.exact or self.uniform_rows
 
 
+def free_llama(ctx, model, batch) -> None:
+    """Free a batch, its context and the model under it, in that order (llama.cpp's lifetimes)."""
+    lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
+
+
 class LlamaCppEngine:
     backend = "llamacpp"
     device = None  # logits are numpy arrays in host memory (engine/contract.py)
@@ -202,9 +209,7 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         if self.ctx:
-            lc.llama_batch_free(self._batch)
-            lc.llama_free(self.ctx)
-            lc.llama_model_free(self.model)
+            free_llama(self.ctx, self.model, self._batch)
             self.ctx = self.model = None
 
     # ------------------------------------------------------------------ facts

@@ -22,7 +22,6 @@ decodes plainly). Engine thread only.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 import weakref
@@ -33,7 +32,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
-from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, _meta
+from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, _meta, free_llama
 from zllm.errors import ConfigError, EngineFailure
 from zllm.model_files import GGUF_FILE
 from zllm.token_prefix import common_prefix_length
@@ -106,9 +105,7 @@ class LlamaDraftModel:
 
     def close(self) -> None:
         if self.ctx:
-            lc.llama_batch_free(self._batch)
-            lc.llama_free(self.ctx)
-            lc.llama_model_free(self.model)
+            free_llama(self.ctx, self.model, self._batch)
             self.ctx = self.model = None
 
     def drafter_for(self, prompt_ids: Sequence[int]) -> LlamaDrafter:
