@@ -4,6 +4,8 @@ is. Only where they must differ (the KV identity, drafting, what counts as runni
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from tests.support.backends import BACKENDS, load_tiny
@@ -48,13 +50,10 @@ def test_the_two_backends_keep_apart_in_the_cache_identity(both) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_draft_model_is_refused_where_the_backend_cannot_verify_one(both, backend: str) -> None:
-    loaded = both[backend]
-    if backend == "torch":
-        loaded.check_draft_model()
-        return
-    with pytest.raises(ConfigError, match="--draft-model runs on the torch backend only"):
-        loaded.check_draft_model()
+def test_a_draft_model_runs_on_both_backends_and_is_refused_where_none_can_verify_one(both, backend: str) -> None:
+    both[backend].check_draft_model()  # torch and llama.cpp verify a draft model's proposals
+    with pytest.raises(ConfigError, match="--draft-model does not run on the other backend"):
+        LoadedModel.check_draft_model(SimpleNamespace(backend="other"))  # the base: a backend that cannot
 
 
 def test_only_the_device_running_out_is_out_of_memory(both) -> None:
