@@ -196,12 +196,18 @@ def test_ssd_hits_equal_a_full_prefill_at_every_boundary_after_a_restart(backend
     restarted.close()
 
 
-def test_ssd_restores_what_the_device_tier_lacks(backend, tmp_path) -> None:
+def _on_ssd_only(backend, tmp_path, prompt, request_id: str):
+    """A cache that ran `prompt` and then forgot it on the device tier: the SSD tier alone holds it."""
     cache = backend.cache(tmp_path / "kv")
-    conversation = tokens(400)
-    backend.run(cache, conversation, "long")
+    backend.run(cache, prompt, request_id)
     cache.flush()
-    cache.prune(tiers=("device",), older_than_s=0)  # the device tier forgets it, the SSD tier keeps it
+    cache.prune(tiers=("device",), older_than_s=0)
+    return cache
+
+
+def test_ssd_restores_what_the_device_tier_lacks(backend, tmp_path) -> None:
+    conversation = tokens(400)
+    cache = _on_ssd_only(backend, tmp_path, conversation, "long")
     backend.run(cache, conversation[:100], "short")  # the device tier now holds only its first 100
     lease, logits = backend.ask(cache, conversation + (7,))
     assert (lease.tier, lease.cached_tokens) == ("ssd", 400)
@@ -230,11 +236,8 @@ def test_a_conversation_keeps_one_snapshot_and_an_edit_forks_from_it(backend, tm
 
 
 def test_restores_slower_than_recompute_are_skipped(backend, tmp_path) -> None:
-    cache = backend.cache(tmp_path / "kv")
     prompt = tokens(200)
-    backend.run(cache, prompt, "a")
-    cache.flush()
-    cache.prune(tiers=("device",), older_than_s=0)
+    cache = _on_ssd_only(backend, tmp_path, prompt, "a")
     cache.observe_prefill(1000, 1e-6)  # a machine where prefill is nearly free...
     cache.cost.observe_restore(1000, 1.0)  # ...and reading is slow
     lease, _ = backend.ask(cache, prompt + (1,))
@@ -245,11 +248,8 @@ def test_restores_slower_than_recompute_are_skipped(backend, tmp_path) -> None:
 def test_a_restore_sparing_a_few_tokens_is_not_worth_its_fixed_cost(backend, tmp_path) -> None:
     # a restore costs something whatever its size (kvcache/cost.py): one that spares 9 tokens of prefill is not
     # worth it, one that spares the whole prompt still is
-    cache = backend.cache(tmp_path / "kv")
     prompt = tokens(200)
-    backend.run(cache, prompt, "a")
-    cache.flush()
-    cache.prune(tiers=("device",), older_than_s=0)
+    cache = _on_ssd_only(backend, tmp_path, prompt, "a")
     cache.observe_prefill(1000, 1.0)  # 1 ms a token
     for nbytes in (1 << 20, 100 << 20) * 3:  # 50 ms a restore, whatever its size, then 10 GB/s
         cache.cost.observe_restore(nbytes, 0.05 + nbytes * 1e-10)
