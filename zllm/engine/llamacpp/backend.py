@@ -548,13 +548,19 @@ def _kv_shape(gguf_path: str) -> tuple[int, int, int]:
     if not model:
         raise EngineFailure(f"llama.cpp could not read {gguf_path}")
     try:
-        arch = _meta(model, "general.architecture")
-        heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
-        kv_heads = int(_meta(model, f"{arch}.attention.head_count_kv") or heads)
-        width = _meta(model, f"{arch}.attention.key_length") or int(_meta(model, f"{arch}.embedding_length")) // heads
-        return int(_meta(model, f"{arch}.block_count")), kv_heads, int(width)
+        return kv_shape_of(model)
     finally:
         lc.llama_model_free(model)
+
+
+def kv_shape_of(model) -> tuple[int, int, int]:
+    """(layers, KV heads, head width) of a loaded model, from its metadata keys (ValueError: a key written per
+    layer, an array)."""
+    arch = _meta(model, "general.architecture")
+    heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
+    kv_heads = int(_meta(model, f"{arch}.attention.head_count_kv") or heads)
+    width = _meta(model, f"{arch}.attention.key_length") or int(_meta(model, f"{arch}.embedding_length")) // heads
+    return int(_meta(model, f"{arch}.block_count")), kv_heads, int(width)
 
 
 def _meta(model, key: str) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
-from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, _meta, free_llama
+from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, free_llama, kv_shape_of
 from zllm.errors import ConfigError, EngineFailure
 from zllm.model_files import GGUF_FILE
 from zllm.token_prefix import common_prefix_length
@@ -196,16 +196,12 @@ def _context_params(cells: int, slots: int, threads: int, q8_0_cells: bool):
 
 
 def _heads_fit_q8_0(model) -> bool:
-    """Whether Q8_0 cells (32-element blocks) can hold the model's key and value rows (backend._kv_shape's keys,
-    read from the loaded model: a second vocab-only load of a 150K-token vocabulary costs a second)."""
-    arch = _meta(model, "general.architecture")
+    """Whether Q8_0 cells (32-element blocks) can hold the model's key and value rows (read from the loaded model:
+    a second vocab-only load of a 150K-token vocabulary costs a second)."""
     try:
-        heads = int(_meta(model, f"{arch}.attention.head_count") or 1)
-        width = int(_meta(model, f"{arch}.attention.key_length")
-                    or int(_meta(model, f"{arch}.embedding_length")) // heads)
+        return kv_shape_of(model)[2] % 32 == 0
     except ValueError:  # a key written per layer (an array): keep F16 cells
         return False
-    return width % 32 == 0
 
 
 def check_shared_vocabulary(target, draft) -> int:
