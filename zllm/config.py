@@ -29,10 +29,13 @@ import platformdirs
 
 from zllm.errors import ConfigError
 
+SpeculationMode = str  # "auto", "on" or "off" (SPECULATION_MODES); a kind of its own for parsing
+
 APP = "zllm"
 DEFAULT_MODEL = "smollm2"
 CONFIG_ENV = "ZLLM_CONFIG"
 CACHE_TYPES = ("auto", "f16", "q8_0")  # llama.cpp's KV cell types zllm serves (Settings.cache_type)
+SPECULATION_MODES = ("auto", "on", "off")  # Settings.speculative (engines.choose_speculation decides auto)
 
 
 def _default_data_dir() -> Path:
@@ -103,8 +106,10 @@ class Settings:
     max_queue: int = 64
     # tool dialect: "auto" (chosen from the tokenizer) or hermes / qwen3 / glm45 / deepseek-v3.2 / deepseek-v4
     dialect: str = "auto"
-    # prompt-lookup speculative decoding: drafts from the prompt and output, verified in one forward (exact)
-    speculative: bool = False
+    # prompt-lookup speculative decoding: drafts from the prompt and output, verified in one forward (exact).
+    # auto: on where the loaded model says it is exact and costs nothing on a turn with nothing to copy
+    # (engines.choose_speculation); on, off (true/false, yes/no, 1/0 read as on/off: the setting was a bool)
+    speculative: SpeculationMode = "auto"
     # a small model of the same family drafting for speculative decoding (a store name or path; implies
     # speculative); "" = prompt lookup only
     draft_model: str = ""
@@ -192,6 +197,8 @@ class Settings:
         if self.responses_max_stored < 0 or self.responses_max_age_days < 0 or self.responses_max_mb < 0:
             raise ConfigError("responses_max_stored, responses_max_age_days and responses_max_mb must be >= 0 "
                               "(0 = no bound)")
+        if self.speculative not in SPECULATION_MODES:
+            raise ConfigError(f"speculative must be auto, on or off, not {self.speculative!r}")
         if self.cache_type not in CACHE_TYPES:
             raise ConfigError(f"cache_type must be auto, f16 or q8_0, not {self.cache_type!r}")
         if self.cache_type == "f16" and self.exact_cache:
@@ -240,6 +247,9 @@ SETTING_NAMES = tuple(f.name for f in fields(Settings))
 _KINDS = {f.name: (f.type if isinstance(f.type, str) else f.type.__name__) for f in fields(Settings)}
 
 
+_KIND_NAMES = {"SpeculationMode": "mode (auto, on or off)"}
+
+
 def parse_setting(name: str, raw: str) -> object:
     """A setting's typed value from its text form (as in a `ZLLM_*` variable)."""
     return _coerce(name, raw, _KINDS[name])
@@ -249,7 +259,7 @@ def _coerce(name: str, raw: str, kind: str) -> object:
     try:
         return _parse_text(raw, kind)
     except ValueError:
-        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind}") from None
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {_KIND_NAMES.get(kind, kind)}") from None
 
 
 def _parse_text(raw: str, kind: str) -> object:
@@ -259,7 +269,20 @@ def _parse_text(raw: str, kind: str) -> object:
         return _parse_bool(raw)
     if kind == "Path":
         return Path(raw).expanduser()
+    if kind == "SpeculationMode":
+        return speculation_mode(raw)
     return raw
+
+
+def speculation_mode(raw: str | bool) -> str:
+    """auto / on / off from a flag, a variable or the config file; a bool's spellings (the setting was one) are
+    on and off."""
+    if isinstance(raw, bool):
+        return "on" if raw else "off"
+    value = raw.strip().lower()
+    if value in SPECULATION_MODES:
+        return value
+    return "on" if _parse_bool(value) else "off"
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -315,13 +338,13 @@ def _config_value(path: Path, name: str, value: object) -> object:
             return _parse_text(value, kind)
         except ValueError:
             pass
-    elif kind == "bool" and isinstance(value, bool):
-        return value
+    elif kind in ("bool", "SpeculationMode") and isinstance(value, bool):
+        return speculation_mode(value) if kind == "SpeculationMode" else value
     elif kind == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value
     elif kind == "str" and isinstance(value, str):
         return value
-    raise ConfigError(f"{path}: `{name}` must be a {kind}, not {value!r}")
+    raise ConfigError(f"{path}: `{name}` must be a {_KIND_NAMES.get(kind, kind)}, not {value!r}")
 
 
 # ---------------------------------------------------------------------- resolution

@@ -187,6 +187,7 @@ async def _serve_model(settings: Settings, served: Served, control, trace, stop:
             raise port_in_use(settings.host, settings.port, exc) from None
         log.info("serving %s on http://%s:%d/v1 (%s; tool dialect %s: %s)", served.name, settings.host,
                  settings.port, opened.line, engine.dialect_choice.name, engine.dialect_choice.reason)
+        log.info("speculation %s", opened.speculation)
         log_dialect_check(engine)
         try:
             await stop.wait()

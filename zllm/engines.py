@@ -4,6 +4,7 @@
     opened.client                # an EngineClient (the API layer) that is also a ServedEngine (the control layer)
     opened.info                  # `zllm ps`'s facts (LoadedModelInfo)
     opened.line                  # "backend llamacpp: GGUF weights run on llama.cpp as they are" (the startup log)
+    opened.speculation           # "on (auto): Q4_1 weights: ..." (the startup log, `zllm ps`)
     await opened.close()
 
 Two kinds sit side by side behind those two declared interfaces (canonical/client.py, control/served.py):
@@ -31,6 +32,41 @@ class OpenedEngine:
     info: object  # control.protocol.LoadedModelInfo
     line: str
     close: Callable[[], Awaitable[None]]
+    speculation: str = "off"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Whether the served model speculates, and why (`choose_speculation`)."""
+
+    on: bool
+    why: str
+
+    def __str__(self) -> str:
+        return f"{'on' if self.on else 'off'} ({self.why})"
+
+
+def speculation_load(settings: Settings) -> dict[str, bool]:
+    """How a local engine loads for the speculation setting: `uniform_rows` (llama.cpp measures at load whether a
+    verify's rows give 1-token decoding's bits) and `pad_allowed` (where they do not, `on` pads every lone step,
+    `auto` drops uniform rows: backend.ContextSettings)."""
+    mode = "on" if settings.draft_model else settings.speculative
+    return {"uniform_rows": mode != "off", "pad_allowed": mode == "on"}
+
+
+def choose_speculation(settings: Settings, loaded) -> Speculation:
+    """The one place `--speculative auto|on|off` is decided. auto: on where the loaded model says prompt-lookup
+    speculation is exact and costs nothing on a turn with nothing to copy (LoadedModel.free_speculation: on
+    llama.cpp, kernels that agree without a pad row, measured at load), else off."""
+    if settings.draft_model:
+        return Speculation(True, f"--draft-model {settings.draft_model}")
+    if settings.speculative == "off":
+        return Speculation(False, "--speculative off")
+    free, why = loaded.free_speculation()
+    if settings.speculative == "on":
+        return Speculation(True, "--speculative on" + ("" if free else f"; {why}"))
+    force = "off" if free else "on"
+    return Speculation(free, f"auto: {why}; --speculative {force} forces it {force}")
 
 
 async def open_engine(settings: Settings, served, *, observer=None, fingerprints=None,
@@ -50,8 +86,9 @@ async def open_engine(settings: Settings, served, *, observer=None, fingerprints
         client.close()
 
     kv = f"; {loaded.kv_cache_type} KV cells" if loaded.kv_cache_type else ""
-    return OpenedEngine(client, _local_info(client, served),
-                        f"backend {loaded.backend}: {loaded.backend_reason}{kv}", close)
+    speculation = str(choose_speculation(settings, loaded))  # as local_client chose it (a pure function)
+    return OpenedEngine(client, _local_info(client, served, speculation),
+                        f"backend {loaded.backend}: {loaded.backend_reason}{kv}", close, speculation)
 
 
 def local_client(model_dir: str | Path, settings: Settings, *, name: str | None = None, created: int | None = None,
@@ -70,9 +107,8 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
                               threads=settings.threads, context_length=settings.context_length,
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
                               exact_cache=settings.exact_cache, cache_type=settings.cache_type,
-                              # a speculating server decodes every token with the kernels that verify drafts
-                              uniform_rows=settings.speculative or bool(settings.draft_model),
-                              rpc_servers=split_list(settings.rpc), rpc_backend=settings.rpc_backend)
+                              **speculation_load(settings), rpc_servers=split_list(settings.rpc),
+                              rpc_backend=settings.rpc_backend)
     draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
              if settings.draft_model else None)
     return LocalEngineClient(
@@ -84,7 +120,7 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
         prefix_cache=settings.cache_rounds > 0,
         observer=observer,
         dialect=settings.dialect,
-        speculative=settings.speculative,
+        speculative=choose_speculation(settings, loaded).on,
         # one chunk size alone too: a request arriving during a long prefill waits for at most one chunk's
         # forward, and the long prompt's own prefill is no slower in smaller chunks (bench/batching.py)
         scheduler=SchedulerConfig(max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk,
@@ -95,7 +131,7 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
     )
 
 
-def _local_info(client, served):
+def _local_info(client, served, speculation: str):
     from zllm.control.protocol import LoadedModelInfo
 
     loaded = client.loaded
@@ -107,7 +143,7 @@ def _local_info(client, served):
                            dialect_problem=client.dialect_check.problem,
                            dialect_text_turn=client.dialect_check.text_turn, architecture=weights.architecture,
                            parameters=weights.parameters, model_bytes=weights.model_bytes,
-                           kv_cache_type=loaded.kv_cache_type)
+                           kv_cache_type=loaded.kv_cache_type, speculation=speculation)
 
 
 async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_exit,
@@ -118,7 +154,7 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
 
     model_dir = Path(served.path)
     config = read_model_json(model_dir / "config.json")
-    if settings.draft_model or settings.speculative:
+    if settings.draft_model or settings.speculative == "on":  # auto: off here, silently
         raise ConfigError("--speculative and --draft-model drive zllm's own engines, not vLLM",
                           hint='pass vLLM\'s own, e.g. --vllm-args \'--speculative-config {"method": "ngram", '
                                '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
@@ -167,8 +203,9 @@ async def _open_vllm(settings: Settings, served, *, observer, fingerprints, on_e
                            architecture=",".join(config.get("architectures") or ()),
                            dtype=str(config.get("torch_dtype") or config.get("dtype") or ""),
                            dialect_round_trip=client.dialect_check.held, dialect_problem=client.dialect_check.problem,
-                           dialect_text_turn=client.dialect_check.text_turn)
-    return OpenedEngine(client, info, f"backend vllm: {reason}; {server.layout}", close)
+                           dialect_text_turn=client.dialect_check.text_turn, speculation="off (vLLM: its own "
+                           "--speculative-config in --vllm-args)")
+    return OpenedEngine(client, info, f"backend vllm: {reason}; {server.layout}", close, info.speculation)
 
 
 def _vllm_index_config(settings: Settings):

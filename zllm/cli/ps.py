@@ -4,6 +4,7 @@
     NAME     ARCHITECTURE      PARAMS  BACKEND   DEVICE  DTYPE  CONTEXT  WEIGHTS  KV CACHE                RESIDENT  DIALECT
     smollm2  LlamaForCausalLM  135M    llamacpp  cpu     Q4_1   8192     96.6 MB  377.7 MB / 377.7 MB f16 995.2 MB  hermes
     backend llamacpp: GGUF weights run on llama.cpp as they are             (stderr: how each was chosen)
+    speculation on (auto: Q4_1 weights: a verify of up to 16 rows gives 1-token decoding's bits, no pad row; ...)
     dialect hermes: the chat template mentions <tool_call>
     dialect hermes: round trip holds (render → parse → render gives the same tokens)
 """
@@ -38,6 +39,8 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Print the loaded mode
     for m in models:
         if m.backend_reason:
             err.print(f"backend {m.backend}: {m.backend_reason}", markup=False, highlight=False)
+        if m.speculation:
+            err.print(f"speculation {m.speculation}", markup=False, highlight=False)
         if m.dialect_reason:
             err.print(f"dialect {m.dialect}: {m.dialect_reason}", markup=False, highlight=False)
         if m.dialect_round_trip is not None:

@@ -11,6 +11,26 @@ from zllm.cli.output import err, fail_with
 from zllm.errors import ZllmError
 
 
+def _speculation(ctx: typer.Context, value: str | None) -> str | None:
+    """--speculative MODE, read as the setting reads it (a bool's spellings too); `--no-speculative` before it
+    in the command line already said off."""
+    from zllm.config import speculation_mode
+
+    if value is None:
+        return ctx.params.get("speculative")
+    try:
+        return speculation_mode(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: auto, on or off") from None
+
+
+def _no_speculation(ctx: typer.Context, value: bool | None) -> None:
+    """`--no-speculative` (the flag's old negative form): `--speculative off`. Its own value stays None, so
+    `zllm start` passes no such setting on."""
+    if value:
+        ctx.params["speculative"] = "off"
+
+
 def serve(
     model: str = typer.Option(None, "--model", "-m", help="Model to serve (a store name, alias, hub id or path). [env: ZLLM_MODEL; default: smollm2]"),
     host: str = typer.Option(None, help="Address to bind. [env: ZLLM_HOST; default: 127.0.0.1]"),
@@ -45,7 +65,8 @@ def serve(
     exact_cache: bool = typer.Option(None, "--exact-cache/--no-exact-cache", help="llama.cpp: a cached prefix answers bit for bit like a cold prefill (Q8_0 KV cells, per-cell flash attention); off = F16 cells, faster long prefill, answers may depend on what else is cached. [env: ZLLM_EXACT_CACHE; default: off]"),
     cache_type: str = typer.Option(None, "--cache-type", help="llama.cpp: KV cells' type, K and V alike (llama.cpp's --cache-type-k/-v): f16, or q8_0 (1.88x the tokens in the same --cache-budget-mb, flash attention on); auto = f16, q8_0 under --exact-cache. [env: ZLLM_CACHE_TYPE; default: auto]"),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Where prefix cache snapshots live (under kv/). [env: ZLLM_CACHE_DIR]"),
-    speculative: bool = typer.Option(None, "--speculative/--no-speculative", help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns). [env: ZLLM_SPECULATIVE; default: off]"),
+    speculative: str = typer.Option(None, "--speculative", metavar="auto|on|off", callback=_speculation, help="Prompt-lookup speculative decoding (exact: same output, fewer forwards on echo-heavy turns): auto = on where the model verifies drafts exactly at no cost on a turn with nothing to copy (llama.cpp kernels that need no pad row, measured at load: quantized GGUFs), off elsewhere (F16 GGUFs, torch, vLLM); the startup line and `zllm ps` say which. [env: ZLLM_SPECULATIVE; default: auto]"),
+    no_speculative: bool = typer.Option(None, "--no-speculative", hidden=True, callback=_no_speculation, help="--speculative off."),
     draft_model: str = typer.Option(None, "--draft-model", help="A small model of the same family drafting for speculative decoding (a store name or path; a .gguf file on llama.cpp; turns --speculative on). [env: ZLLM_DRAFT_MODEL]"),
     max_batch: int = typer.Option(None, "--max-batch", help="Requests decoding or prefilling together; the rest wait. [env: ZLLM_MAX_BATCH; default: 8]"),
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="Prompt tokens per step while others decode (smaller: steadier streams; larger: sooner first token for long prompts). [env: ZLLM_PREFILL_CHUNK; default: 512]"),

@@ -148,6 +148,8 @@ class LoadedModelInfo(_Wire):
     kv_cache_bytes: int = 0  # prefix cache: resident entries + working buffers
     kv_cache_budget_bytes: int = 0
     kv_cache_type: str = ""  # llama.cpp's KV cells: "f16", "q8_0" (--cache-type); "" where KV keeps the dtype
+    # prompt-lookup speculation: "on (why)" / "off (why)" (engines.choose_speculation); "": an older daemon
+    speculation: str = ""
     dialect: str = ""
     dialect_reason: str = ""  # how the dialect was chosen ("chat template mentions <tool_call>", ...)
     # the load-time round trip (dialects/round_trip.py): render → parse → render gave the same tokens; None: an

@@ -5,6 +5,7 @@
     loaded.tokenizer, .context_length, .vocab_size    facts the prompt renderer and the stop rules read
     loaded.build_prefix_cache(config, ...)            its prefix cache (None: its KV cannot be cached)
     loaded.load_draft_model(path, ...)                a draft model for speculative decoding (ConfigError: none)
+    loaded.free_speculation()                         whether speculation is exact and free here (--speculative auto)
     loaded.weights()                                  what `zllm ps` says of the weights
     loaded.out_of_memory(exc), loaded.close()
 
@@ -118,6 +119,11 @@ class LoadedModel(ABC):
         """A draft model for speculative decoding, on this model's device (ConfigError: none on this backend)."""
         self.check_draft_model()
         raise NotImplementedError
+
+    def free_speculation(self) -> tuple[bool, str]:
+        """Whether prompt-lookup speculation is exact here and costs nothing on a turn with nothing to copy (what
+        `--speculative auto` turns on: engines.choose_speculation), and why. The base: no."""
+        return False, f"the {self.backend} backend does not say that speculation costs nothing"
 
     @abstractmethod
     def weights(self) -> Weights: ...

@@ -6,7 +6,8 @@
     loop:  token = sample_fenced(sampler, logits, fence)   # or fence.apply(logits) then sample
            fence.advance(token.item())   # the matcher consumes it (EOS included, which stops the fence)
 
-Speculative decoding: `masks = fence.draft_masks(draft)` gives the mask before each draft token on a probe
+Speculative decoding: `fence.valid_prefix(draft)` cuts a draft before a forbidden token (no mask computed), then
+`masks = fence.draft_masks(draft)` gives the mask before each token verified, on a probe
 clone (the real state does not move); the engine loop then feeds the accepted tokens through `fence.advance` one
 by one, as it does every token. Batched rows share a forward and are sampled one by one, each within its own
 fence.
@@ -173,20 +174,27 @@ class Fence:
 
     # ------------------------------------------------------------------ speculative decoding
 
-    def draft_masks(self, draft: Sequence[int]) -> np.ndarray:
-        """The mask before each draft token and after the last, on a probe (this fence does not move).
+    def valid_prefix(self, draft: Sequence[int]) -> int:
+        """How many leading draft tokens the grammar allows from here, without computing a mask (this fence does
+        not move): a draft is cut there before anything masks it."""
+        return self._matcher.validate_tokens(list(draft))
 
-        Returns `[j + 1, mask_words]` int32 where j is how many leading draft tokens the grammar allows:
-        row i masks the target logits at draft position i. A draft token past j is grammar-invalid, so the
-        verifier rejects it (and everything after it) without looking at its logits."""
+    def draft_masks(self, draft: Sequence[int]) -> np.ndarray:
+        """The mask before each draft token, on a probe (this fence does not move).
+
+        Returns `[j, mask_words]` int32 where j is how many leading draft tokens the grammar allows: row i masks
+        the target logits at draft position i. A draft token past j is grammar-invalid, so the verifier rejects
+        it (and everything after it) without looking at its logits. No mask after the last token: the next
+        step's fence computes it when it needs it."""
         probe = self.clone()
-        rows = [probe.mask().copy()]
+        rows = []
         for token_id in draft:
+            rows.append(probe.mask().copy())
             if not probe.allowed(token_id):
+                rows.pop()
                 break
             probe.advance(token_id)
-            rows.append(probe.mask().copy())
-        return np.stack(rows)
+        return np.stack(rows) if rows else np.zeros((0, self._vocab.mask_words), dtype=np.int32)
 
     # ------------------------------------------------------------------ internals
 

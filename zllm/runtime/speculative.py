@@ -293,14 +293,14 @@ class SpeculativeStep:
             self.lookup.extend([first_id])
             self.stats.emitted += 1
             return SpeculativeRun([first_id], None)
-        draft, masks = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
+        draft, probe = self._draft(first_id, fence, loop_guard, self._draft_limit(remaining))
         long = getattr(self.lookup, "matched", 0) >= self.config.long_match
         if draft and self.gate is not None:
-            draft, masks = self._gated(draft, masks, "long" if long else "short")
+            draft = self._gated(draft, "long" if long else "short")
         if not draft and self._guess(remaining):
-            draft, masks = self._draft(first_id, fence, loop_guard, 1, min_ngram=1)
-            return DraftPlan(first_id, draft, masks, guess=True)
-        return DraftPlan(first_id, draft, masks, long=long)
+            draft, probe = self._draft(first_id, fence, loop_guard, 1, min_ngram=1)
+            return DraftPlan(first_id, *_masked(draft, probe), guess=True)
+        return DraftPlan(first_id, *_masked(draft, probe), long=long)
 
     def resolve(self, plan: DraftPlan, rows: Logits, cache: Any) -> SpeculativeRun:
         """The second half: `rows` are the logits after each fed token (`[len(plan.feed), vocab]`), and the
@@ -342,8 +342,10 @@ class SpeculativeStep:
         return self.gate is None or self.gate.draft_length(1, "guess", cells=len(self.lookup)) == 1
 
     def _draft(self, first_id: int, fence: Fence | None, guard: LoopGuard | None,
-               limit: int, min_ngram: int | None = None) -> tuple[list[int], np.ndarray | None]:
-        """The draft after `first_id`, and the fence's mask at each draft position ([len(draft), words])."""
+               limit: int, min_ngram: int | None = None) -> tuple[list[int], Fence | None]:
+        """The draft after `first_id`, cut before the first token the fence forbids (it would be rejected anyway:
+        never verified), and the fence's probe after `first_id` (None: no fence) that masks it (`_masked`, once
+        the cost gate has cut it: a mask costs a grammar step over the vocabulary)."""
         if limit <= 0:
             return [], None
         probe = None
@@ -359,18 +361,15 @@ class SpeculativeStep:
         draft = _through_first_stop(draft, self.stop_token_ids)
         draft = draft[:_loop_free_length(guard, first_id, draft)]
         if probe is None or not draft:
-            return draft, None
-        masks = probe.draft_masks(draft)  # [valid + 1, words]: rows past a forbidden token are missing
-        draft = draft[:masks.shape[0] - 1]  # a forbidden token would be rejected anyway: do not verify it
-        return draft, masks[:len(draft)]
+            return draft, probe
+        return draft[:probe.valid_prefix(draft)], probe
 
-    def _gated(self, draft: list[int], masks: np.ndarray | None, kind: str) -> tuple[list[int], np.ndarray | None]:
+    def _gated(self, draft: list[int], kind: str) -> list[int]:
         """The draft cut to the length the cost gate expects to pay best (nothing: a plain step)."""
         length = self.gate.draft_length(len(draft), kind, cells=len(self.lookup))
-        if length == len(draft):
-            return draft, masks
-        self.stats.gated += 1
-        return draft[:length], None if masks is None or not length else masks[:length]
+        if length < len(draft):
+            self.stats.gated += 1
+        return draft[:length]
 
     # ------------------------------------------------------------------ verifying
 
@@ -407,6 +406,15 @@ class SpeculativeStep:
         stats.drafted += drafted
         stats.accepted += accepted
         stats.emitted += 1 + accepted
+
+
+def _masked(draft: list[int], probe: Fence | None) -> tuple[list[int], np.ndarray | None]:
+    """The draft and the fence's mask before each of its tokens ([len(draft), words]; None: no fence), computed
+    for the tokens verified only. A token the masks find forbidden (the prefix check said otherwise) ends it."""
+    if probe is None or not draft:
+        return draft, None
+    masks = probe.draft_masks(draft)
+    return (draft[:masks.shape[0]], masks) if masks.shape[0] else ([], None)
 
 
 def _through_first_stop(draft: list[int], stop_token_ids: frozenset[int]) -> list[int]:

@@ -234,10 +234,12 @@ def test_draft_masks_on_a_probe_then_commit_the_accepted_prefix(compiler) -> Non
         fence.advance(token)
     before = fence.mask().copy()
     draft = [*tokens[3:6], IM_END, tokens[7]]  # the 4th draft token breaks the grammar
+    assert fence.valid_prefix(draft) == 3  # no mask computed: the draft is cut before anything masks it
     drafted = fence.draft_masks(draft)
-    assert drafted.shape == (4, compiler.vocab.mask_words)  # before each of 3 valid tokens, and after them
-    for i in range(4):
+    assert drafted.shape == (3, compiler.vocab.mask_words)  # before each of the 3 valid tokens
+    for i in range(3):
         assert np.array_equal(drafted[i], masks[3 + i])
+    assert np.array_equal(fence.draft_masks(draft[:2]), drafted[:2])  # a gated draft: its own masks only
     assert np.array_equal(fence.mask(), before)  # the probe moved, the fence did not
     for token in draft[:2]:  # the verifier accepted two: the engine loop feeds them one by one
         fence.advance(token)

@@ -26,7 +26,7 @@ import ctypes
 import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llama_cpp as lc
 import numpy as np
@@ -111,6 +111,9 @@ class ContextSettings:
     # decode at 1 thread on the F16 default: bench/speculative_llamacpp.py), so it is on for a speculating
     # server only. exact implies the pad.
     uniform_rows: bool = False
+    # uniform_rows may pad (--speculative on). False (--speculative auto): where the kernels need a pad row the
+    # engine drops uniform_rows after measuring and decodes as a server that does not speculate (`needs_pad`)
+    pad_allowed: bool = True
 
     def __post_init__(self) -> None:
         assert self.cells > 0 and 1 <= self.max_sequences <= 256 and self.threads >= 0
@@ -163,6 +166,9 @@ class LlamaCppEngine:
         #                                           placed one sequence's cells only: the pool's highest ones
         self.compactions = 0
         self._rows_agree = False  # measured: a verify's rows give 1-token decoding's bits with no pad row
+        # measured under uniform_rows (None: not measured): why exact speculation needs a pad row on this model
+        # ("": it needs none)
+        self.needs_pad: str | None = None
         self.bytes_per_token = self._measure_bytes_per_token()
         # the most tokens one decode may verify and still give 1-token decoding's bits (speculation's drafts)
         # (UNBOUNDED_ROWS when no exactness is promised: no uniform_rows)
@@ -173,7 +179,9 @@ class LlamaCppEngine:
         self.attention_cell_cost = 0.0  # what a verified row's attention adds per cell of its sequence, in steps
         if settings.uniform_rows and not settings.exact:
             self._measure_row_agreement()
-        if settings.uniform_rows:
+            if self.needs_pad and not settings.pad_allowed:
+                self._drop_uniform_rows()
+        if self.settings.uniform_rows:
             self._measure_verify_cost()
 
     @staticmethod
@@ -264,6 +272,7 @@ class LlamaCppEngine:
         Measured on ONE thread, as `_measure_bytes_per_token` (the kernels' sums do not depend on the count)."""
         threads = self.settings.threads or _cores()
         if threads > 1 and self.settings.kv_type in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
+            self.needs_pad = f"at {threads} threads one query row over F16 cells takes the KV-split attention"
             return
         lc.llama_set_n_threads(self.ctx, 1, 1)
         self._rows_agree = True  # decode unpadded while measuring
@@ -273,12 +282,23 @@ class LlamaCppEngine:
             lc.llama_set_n_threads(self.ctx, threads, threads)
             self._rows_agree = False
         if rows < 2:
+            self.needs_pad = "a verify's rows take other kernels than a 1-token step (other bits)"
             return
+        self.needs_pad = ""
         self._rows_agree = True
         self.verify_rows = rows
         self._free_ids.append(self._pad_id)  # no pad tokens: their sequence id serves requests
         self._pad_id = None
         log.info("llama.cpp: verified drafts give 1-token decoding's bits up to %d rows: no pad row", rows)
+
+    def _drop_uniform_rows(self) -> None:
+        """Decode as a server that does not speculate (ContextSettings.pad_allowed False): no pad row, no bound
+        on a decode's rows, the pad tokens' sequence id back among the free ones."""
+        self.settings = replace(self.settings, uniform_rows=False)
+        self.verify_rows = UNBOUNDED_ROWS
+        self._free_ids.append(self._pad_id)
+        self._pad_id = None
+        log.debug("llama.cpp: no pad row: exact speculation would need one (%s)", self.needs_pad)
 
     def _measure_verify_cost(self) -> None:
         threads = self.settings.threads or _cores()

@@ -106,6 +106,14 @@ class TorchModel(LoadedModel):
                               hint="serve a GGUF model (the llama.cpp backend), or name a draft model in the store")
         return load_draft_model(path, self.tokenizer, device=str(self.device), dtype=dtype, threads=threads)
 
+    def free_speculation(self) -> tuple[bool, str]:
+        """No: a verify's k-row forward sums its products otherwise than a 1-token step (its logits are close,
+        not equal: tests/unit/runtime/test_speculative.py allows 1e-5), so a near-tie may flip a greedy answer,
+        and no cost gate measures its rows (ModelRunner.verify_row_cost): a turn with nothing to copy ran at
+        0.96x plain (bench/speculative.py)."""
+        return False, ("torch verifies drafts with other sums than 1-token steps (close, not bit-exact) and "
+                       "drafts without a cost gate (0.96x on a turn with nothing to copy)")
+
     def weights(self) -> Weights:
         tensors = {id(t): t for t in itertools.chain(self.model.parameters(), self.model.buffers())}.values()
         architectures = getattr(self.config, "architectures", None)
