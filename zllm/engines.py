@@ -26,6 +26,9 @@ from zllm.config import Settings, split_list
 from zllm.errors import ConfigError
 
 
+MEASURES_FILE = "llamacpp-measures.json"  # llama.cpp's load-time measures, kept across loads (load_measures.py)
+
+
 @dataclass
 class OpenedEngine:
     client: object  # EngineClient + ServedEngine
@@ -108,7 +111,7 @@ def local_client(model_dir: str | Path, settings: Settings, *, name: str | None 
                               cache_budget_mb=settings.cache_budget_mb, max_batch=settings.max_batch,
                               exact_cache=settings.exact_cache, cache_type=settings.cache_type,
                               **speculation_load(settings), rpc_servers=split_list(settings.rpc),
-                              rpc_backend=settings.rpc_backend)
+                              rpc_backend=settings.rpc_backend, measures_file=settings.state_dir / MEASURES_FILE)
     draft = (loaded.load_draft_model(Path(settings.draft_model), dtype=settings.dtype, threads=settings.threads)
              if settings.draft_model else None)
     return LocalEngineClient(

@@ -44,7 +44,7 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
                      threads: int = 0, context_length: int = 0, cache_budget_mb: int = 0,
                      max_batch: int = 8, exact_cache: bool = True, uniform_rows: bool = False,
                      pad_allowed: bool = True, cache_type: str = "auto", rpc_servers: tuple[str, ...] = (),
-                     rpc_backend: str = "") -> LoadedModel:
+                     rpc_backend: str = "", measures_file: Path | None = None) -> LoadedModel:
     """`rpc_servers`: llama.cpp rpc-servers to put a GGUF's layers on; `cache_type`: its KV cells' type (the
     llamacpp backend only)."""
     chosen, reason = choose_backend(backend, model_dir)
@@ -61,7 +61,8 @@ def load_for_backend(model_dir: Path, *, backend: str = "auto", device: str = "a
         return load_gguf_model(model_dir, threads=threads, context_length=context_length,
                                cache_budget_mb=cache_budget_mb, max_batch=max_batch, reason=reason,
                                exact_cache=exact_cache, cache_type=cache_type, uniform_rows=uniform_rows,
-                               pad_allowed=pad_allowed, rpc_servers=rpc_servers, rpc_backend=rpc_backend)
+                               pad_allowed=pad_allowed, rpc_servers=rpc_servers, rpc_backend=rpc_backend,
+                               measures_file=measures_file)
     from zllm.engine.torch.loader import load_model
 
     loaded = load_model(model_dir, device=device, dtype=dtype, threads=threads, context_length=context_length)

@@ -97,3 +97,66 @@ def test_zllm_config_with_a_broken_file_is_a_user_error(tmp_path) -> None:
     assert result.returncode == 1 and result.stdout == ""
     assert "error:" in result.stderr and "hint: did you mean `port`?" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("env", "config", "want"), [
+    ({}, "", "auto"),  # the default
+    ({"ZLLM_SPECULATIVE": "off"}, "", "off"),
+    ({"ZLLM_SPECULATIVE": "ON"}, "", "on"),
+    ({"ZLLM_SPECULATIVE": "1"}, "", "on"),  # the setting was a bool: its spellings still read
+    ({"ZLLM_SPECULATIVE": "false"}, "", "off"),
+    ({}, 'speculative = "auto"\n', "auto"),
+    ({}, "speculative = true\n", "on"),
+    ({}, "speculative = false\n", "off"),
+    ({"ZLLM_SPECULATIVE": "auto"}, "speculative = false\n", "auto"),  # env beats the file
+])
+def test_speculative_is_auto_on_or_off(tmp_path, env, config, want) -> None:
+    env = {**env, **write_config(tmp_path, config)}
+    assert load_settings(env).speculative == want
+
+
+@pytest.mark.parametrize(("env", "config", "message"), [
+    ({"ZLLM_SPECULATIVE": "maybe"}, "", "ZLLM_SPECULATIVE='maybe' is not a valid mode (auto, on or off)"),
+    ({}, "speculative = 2\n", "`speculative` must be a mode (auto, on or off)"),
+    ({}, 'speculative = "sometimes"\n', "`speculative` must be a mode (auto, on or off)"),
+])
+def test_a_bad_speculative_value_is_a_clear_error(tmp_path, env, config, message) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings({**env, **write_config(tmp_path, config)})
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    ([], "auto"), (["--speculative", "on"], "on"), (["--speculative", "OFF"], "off"),
+    (["--speculative", "true"], "on"), (["--no-speculative"], "off"), (["--port", "12001", "--no-speculative"], "off"),
+])
+def test_serve_reads_speculative_as_a_mode_and_no_speculative_as_off(tmp_path, monkeypatch, args, want) -> None:
+    """`zllm serve --speculative auto|on|off`; `--no-speculative` (the old negative flag) still means off."""
+    import typer
+    from typer.testing import CliRunner
+
+    from zllm import daemon
+    from zllm.cli import serve
+
+    seen = []
+    monkeypatch.setattr(daemon, "run", lambda settings, progress_factory: seen.append(settings.speculative))
+    monkeypatch.setenv("ZLLM_CONFIG", str(tmp_path / "absent.toml"))
+    (tmp_path / "absent.toml").write_text("")
+    app = typer.Typer()
+    serve.register(app)
+    app.command("other")(lambda: None)
+    result = CliRunner().invoke(app, ["serve", *args])
+    assert result.exit_code == 0, result.output
+    assert seen == [want]
+
+
+def test_serve_refuses_an_unknown_speculative_mode(tmp_path, monkeypatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from zllm.cli import serve
+
+    app = typer.Typer()
+    serve.register(app)
+    app.command("other")(lambda: None)
+    result = CliRunner().invoke(app, ["serve", "--speculative", "maybe"])
+    assert result.exit_code != 0 and "auto, on or off" in result.output

@@ -208,7 +208,7 @@ def test_a_server_with_a_draft_model_decodes_with_the_kernels_that_verify(tmp_pa
     from zllm.engines import local_client
 
     model_dir = tiny_gguf_model_dir("qwen3")
-    client = local_client(model_dir, Settings(backend="llamacpp", threads=1, data_dir=tmp_path,
+    client = local_client(model_dir, Settings(backend="llamacpp", threads=1, data_dir=tmp_path, state_dir=tmp_path,
                                               draft_model=str(model_dir / "model.gguf")), name="tiny", created=1)
     try:
         assert client.loaded.engine.settings.uniform_rows and client.speculation is not None

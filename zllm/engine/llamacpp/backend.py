@@ -32,7 +32,8 @@ import llama_cpp as lc
 import numpy as np
 
 from zllm.engine.contract import UNBOUNDED_ROWS, KeptState, Row
-from zllm.engine.llamacpp.row_agreement import agreeing_rows
+from zllm.engine.llamacpp.load_measures import LoadMeasures
+from zllm.engine.llamacpp.row_agreement import SPLIT_ATTENTION_CELLS, agreeing_rows
 from zllm.engine.llamacpp.verify_cost import attention_cell_cost, verify_row_cost
 from zllm.errors import EngineFailure
 
@@ -137,9 +138,13 @@ class LlamaCppEngine:
     backend = "llamacpp"
     device = None  # logits are numpy arrays in host memory (engine/contract.py)
 
-    def __init__(self, gguf_path: str, settings: ContextSettings):
+    def __init__(self, gguf_path: str, settings: ContextSettings, measures: LoadMeasures | None = None):
+        """`measures`: where the load-time measures of a speculating engine are kept across loads (None: measure
+        every time)."""
         lc.llama_backend_init()
         self.settings = settings
+        self._gguf_path = gguf_path
+        self._measures = measures
         model_params = lc.llama_model_default_params()
         # -1 = every layer (the C API wants a count: more layers than the model has means all of them)
         layers = 0x7FFFFFFF if settings.gpu_layers < 0 else settings.gpu_layers
@@ -277,7 +282,7 @@ class LlamaCppEngine:
         lc.llama_set_n_threads(self.ctx, 1, 1)
         self._rows_agree = True  # decode unpadded while measuring
         try:
-            rows = agreeing_rows(self)
+            rows = self._kept("agreeing_rows", lambda: agreeing_rows(self))
         finally:
             lc.llama_set_n_threads(self.ctx, threads, threads)
             self._rows_agree = False
@@ -304,11 +309,26 @@ class LlamaCppEngine:
         threads = self.settings.threads or _cores()
         lc.llama_set_n_threads(self.ctx, 1, 1)  # as `_measure_bytes_per_token`
         try:
-            self.verify_row_cost = verify_row_cost(self)
+            self.verify_row_cost = self._kept("verify_row_cost", lambda: verify_row_cost(self))
             self.attention_cell_cost = attention_cell_cost(self)
         finally:
             lc.llama_set_n_threads(self.ctx, threads, threads)
         log.info("llama.cpp: a verified row costs %.2f of a decode step", self.verify_row_cost)
+
+    def _kept(self, name: str, measure):
+        """A load-time measure, from `measures` when an earlier load of this file with this build kept it."""
+        if self._measures is None:
+            return measure()
+        key = self._measures.key(self._gguf_path, kv_type=self.settings.kv_type,
+                                 flash_attention=self.settings.flash_attention,
+                                 long_prompt=min(SPLIT_ATTENTION_CELLS + 64, self.cells // 2))
+        entry = self._measures.get(key) or {}
+        if name not in entry:
+            entry = {**entry, name: measure()}
+            self._measures.put(key, entry)
+        else:
+            log.debug("llama.cpp: %s kept from an earlier load: %s", name, entry[name])
+        return entry[name]
 
     # ------------------------------------------------------------------ the engine seam
 

@@ -16,7 +16,8 @@ Q8_0 cells hold 32-element blocks: on a model whose heads are not a multiple of 
 cells (tiny test models), and an explicit q8_0 is refused.
 `uniform_rows` (a speculating server) pads 1-token decodes so that verifying a draft gives the bits decoding it
 token by token gives (ContextSettings.uniform_rows); without `pad_allowed` (--speculative auto) only where no pad
-row is needed (measured at load), else it decodes as a server that does not speculate.
+row is needed (measured at load), else it decodes as a server that does not speculate. `measures_file` keeps
+those load-time measures across loads (load_measures.py).
 
 `rpc_servers` (HOST:PORT of llama.cpp `rpc-server`s) are registered before the model loads, and llama.cpp
 places its layers on them (rpc.py); the placement it logged joins the backend's reason (`zllm ps`).
@@ -40,6 +41,7 @@ from zllm.engine.llamacpp.backend import (
     LlamaCppEngine,
     read_quantization,
 )
+from zllm.engine.llamacpp.load_measures import LoadMeasures
 from zllm.engine.llamacpp.model import LlamaCppModel, ModelConfig
 from zllm.engine.llamacpp.rpc import load_log, placement, register_rpc_servers
 from zllm.engine.loaded import window_length
@@ -55,7 +57,7 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
                     max_batch: int = 8, reason: str = "GGUF weights run on llama.cpp", ubatch: int = 512,
                     gpu_layers: int = -1, exact_cache: bool = True, cache_type: str = "auto",
                     uniform_rows: bool = False, pad_allowed: bool = True, rpc_servers: tuple[str, ...] = (),
-                    rpc_backend: str = "") -> LlamaCppModel:
+                    rpc_backend: str = "", measures_file: Path | None = None) -> LlamaCppModel:
     path = Path(path)
     gguf = path / GGUF_FILE
     if not gguf.is_file():
@@ -71,7 +73,8 @@ def load_gguf_model(path: str | Path, *, threads: int = 0, context_length: int =
             cells=_cells(window, cache_budget_mb, gguf, attention.kv_type),
             max_sequences=min(256, max(64, 4 * max_batch)), threads=threads, ubatch=ubatch, gpu_layers=gpu_layers,
             flash_attention=attention.flash_attention, kv_type=attention.kv_type, exact=attention.exact,
-            uniform_rows=uniform_rows, pad_allowed=pad_allowed))
+            uniform_rows=uniform_rows, pad_allowed=pad_allowed),
+            measures=LoadMeasures(measures_file) if measures_file else None)
     if rpc_servers:
         reason += f"; weights on llama.cpp RPC: {placement(log_lines)}"
     return LlamaCppModel(path=path, engine=engine, tokenizer=tokenizer, model_config=config,
