@@ -489,3 +489,37 @@ def test_no_gate_where_the_engine_measures_no_row_cost_or_a_draft_model_drafts()
     assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2]).gate is not None
     assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2], drafter=Fives()).gate is None
     assert SpeculativeStep(gated, Sampler(GREEDY), [1, 2], SpeculationConfig(gate=False)).gate is None
+
+
+def test_fence_masks_are_computed_for_the_tokens_the_gate_keeps_only(compiler, monkeypatch) -> None:
+    """A fenced draft is cut by the cost gate before anything masks it: a mask is a grammar step over the whole
+    vocabulary, and a 12-token draft the gate cuts to 1 needs 1 (the masks' rows = the verified draft's)."""
+    from zllm.dialects.base import FenceGrammar
+    from zllm.runtime.fence import Fence
+
+    class WideScript(ScriptModel):  # the fence's vocabulary
+        def step(self, rows) -> list[torch.Tensor]:
+            results = []
+            for row in rows:
+                start, row.seq.length = row.seq.length, row.seq.length + len(row.token_ids)
+                logits = torch.zeros(len(row.token_ids), QWEN_VOCAB_SIZE)
+                for i in range(len(row.token_ids)):
+                    logits[i, self.text[start + i + 1]] = 1.0
+                results.append(logits if row.all_logits else logits[-1])
+            return results
+
+    masked: list[int] = []
+    real_masks = Fence.draft_masks
+    monkeypatch.setattr(Fence, "draft_masks", lambda self, draft: masked.append(len(draft)) or real_masks(self, draft))
+    source = list(range(100, 140))
+    prompt = [*source, 9, *source[:20]]
+    text = [*prompt, *source[20:]]
+    model = WideScript(text, row_cost=0.6)  # Q4_1: a long match pays 1 drafted token at the prior's acceptance
+    spec = SpeculativeStep(model, Sampler(GREEDY), prompt, SpeculationConfig(max_draft=12, first_draft=12))
+    fence = compiler.compile(FenceGrammar("%llguidance {}\nstart: <[*]>*"))
+    cache = CountingCache()
+    cache.length = len(prompt) - 1
+    logits = model.step([Row(cache, [prompt[-1]])])[0]
+    plan = spec.plan(logits, remaining=15, fence=fence)
+    assert spec.stats.gated == 1 and 1 <= len(plan.draft) < 12, "the gate cut a long draft"
+    assert masked == [len(plan.draft)] and plan.masks.shape[0] == len(plan.draft)
