@@ -126,8 +126,8 @@ class LlamaCppModel(LoadedModel):
         if engine.needs_pad is None:
             return False, "llama.cpp measures it only when loaded to speculate"
         if engine.needs_pad:
-            return False, (f"{self.quantization} weights need a pad row in every lone step for exact drafts "
-                           f"({engine.needs_pad}): 0.72-0.83x decode on a turn with nothing to copy")
+            return False, (f"{self.quantization} weights: exact drafts would need a pad row in every lone step "
+                           f"({engine.needs_pad}), 17-28% of a decode step on a turn with nothing to copy")
         return True, (f"{self.quantization} weights: a verify of up to {engine.verify_rows} rows gives 1-token "
                       f"decoding's bits, no pad row")
 
