@@ -21,7 +21,8 @@ and 16 (a quantized model's verified row costs ~0.6 of a step on a CPU, so the c
 never drafts much past 10 tokens there; each count checked costs load time). Between two checked counts nothing
 new is picked: tinyBLAS sums each output element in one accumulator over k in order whatever its tile (the row
 count's remainder picks a tile, never a sum order), vec_dot is per row, and F16 cells' attention changes kernel
-at 64 rows only (`bench/verify_rows_cost.py --agreement dense` checks every count 2..63). Over 512+ F16 cells
+at 64 rows only (`bench/verify_rows_cost.py --agreement dense` checks every count 2..63: the default model's Q4_1
+file and its F16 file re-quantized to Q8_0 agree at every one, 1 thread, F16 cells). Over 512+ F16 cells
 only the 1-token side changes kernel (one query row's KV-split), so 2 rows show it.
 """
 
