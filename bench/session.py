@@ -131,7 +131,7 @@ def servers(args, model_dir: Path, context: int, scratch: Path) -> dict[str, Ser
     zllm_port, llama_port = free_port(), free_port()
     threads = str(args.threads)
     zllm = [*zllm_command(), "serve", "--model", model_dir.name, "--threads", threads, "--port", str(zllm_port),
-            "--context-length", str(context)] + (["--speculative"] if args.speculative else [])
+            "--context-length", str(context)] + (["--speculative", "on"] if args.speculative else [])
     llama = [str(args.llama_server), "-m", str(model_dir / "model.gguf"), "-t", threads, "-tb", threads,
              "-c", str(context), "--port", str(llama_port), *LLAMA_SERVER_BEST,
              *llama_template(args.llama_template, model_dir, scratch), *llama_window(model_dir, context)] + (

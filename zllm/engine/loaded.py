@@ -113,7 +113,7 @@ class LoadedModel(ABC):
     def check_draft_model(self) -> None:
         """ConfigError when this backend cannot verify a draft model's proposals (the base: none can)."""
         raise ConfigError(f"--draft-model does not run on the {self.backend} backend",
-                          hint="use --speculative (prompt lookup), or the torch or llama.cpp backend")
+                          hint="use --speculative on (prompt lookup), or the torch or llama.cpp backend")
 
     def load_draft_model(self, path: Path, *, dtype: str, threads: int) -> DraftModel:
         """A draft model for speculative decoding, on this model's device (ConfigError: none on this backend)."""
