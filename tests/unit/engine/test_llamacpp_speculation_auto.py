@@ -125,3 +125,17 @@ def test_auto_is_silently_off_on_vllm_and_explicit_on_is_refused(tmp_path) -> No
         with pytest.raises(ConfigError, match=message):
             asyncio.run(open_engine(Settings(backend="vllm", vllm_python="/nonexistent/python", speculative=mode,
                                              state_dir=tmp_path), served))
+
+
+def test_auto_is_off_at_two_threads_over_f16_cells_even_for_q4_1(q4_1_dir, tmp_path) -> None:
+    """One query row over F16 cells takes the KV-split attention, split by thread: at 2+ threads a lone step's
+    bits differ from a verify's whatever the weights, so auto does not speculate there (and says how to)."""
+    client = local_client(q4_1_dir, Settings(backend="llamacpp", threads=2, data_dir=tmp_path, state_dir=tmp_path,
+                                             context_length=512), name="tiny", created=1)
+    try:
+        engine = client.loaded.engine
+        assert client.speculation is None and not engine.settings.uniform_rows and engine.step_rows == 1
+        why = choose_speculation(Settings(), client.loaded).why
+        assert "KV-split" in why and "--cache-type q8_0" in why
+    finally:
+        client.close()

@@ -277,7 +277,8 @@ class LlamaCppEngine:
         Measured on ONE thread, as `_measure_bytes_per_token` (the kernels' sums do not depend on the count)."""
         threads = self.settings.threads or _cores()
         if threads > 1 and self.settings.kv_type in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
-            self.needs_pad = f"at {threads} threads one query row over F16 cells takes the KV-split attention"
+            self.needs_pad = (f"at {threads} threads one query row over F16 cells takes the KV-split attention; "
+                              f"--threads 1 or --cache-type q8_0 avoid it")
             return
         lc.llama_set_n_threads(self.ctx, 1, 1)
         self._rows_agree = True  # decode unpadded while measuring
