@@ -288,7 +288,7 @@ class LlamaCppEngine:
             lc.llama_set_n_threads(self.ctx, threads, threads)
             self._rows_agree = False
         if rows < 2:
-            self.needs_pad = "a verify's rows take other kernels than a 1-token step (other bits)"
+            self.needs_pad = "a verify's rows take other kernels than a 1-token step"
             return
         self.needs_pad = ""
         self._rows_agree = True

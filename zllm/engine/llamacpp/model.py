@@ -126,7 +126,7 @@ class LlamaCppModel(LoadedModel):
         if engine.needs_pad is None:
             return False, "llama.cpp measures it only when loaded to speculate"
         if engine.needs_pad:
-            return False, (f"{self.quantization} weights: exact drafts would need a pad row in every lone step "
+            return False, (f"{self.quantization} weights: exact drafts need a pad row in every lone step "
                            f"({engine.needs_pad}), 17-28% of a decode step on a turn with nothing to copy")
         return True, (f"{self.quantization} weights: a verify of up to {engine.verify_rows} rows gives 1-token "
                       f"decoding's bits, no pad row")
