@@ -9,6 +9,7 @@ dir, so a second load reads them instead of measuring (engine/llamacpp/load_meas
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -96,6 +97,15 @@ def test_auto_speculates_on_q4_1_weights_with_no_pad_and_keeps_the_measures(q4_1
         assert again.loaded.engine.verify_rows == 3 and again.loaded.engine.verify_row_cost == 0.5
     finally:
         again.close()
+    # another file at that path (a new modification time) is measured again
+    stat = (q4_1_dir / "model.gguf").stat()
+    os.utime(q4_1_dir / "model.gguf", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    changed = serve(q4_1_dir, tmp_path)
+    try:
+        assert changed.loaded.engine.verify_rows == engine.verify_rows
+    finally:
+        changed.close()
+    assert len(json.loads((tmp_path / MEASURES_FILE).read_text())) == 2
 
 
 def test_auto_is_off_on_torch_and_explicit_on_is_not(tmp_path) -> None:
