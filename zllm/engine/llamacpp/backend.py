@@ -197,7 +197,7 @@ class LlamaCppEngine:
         params.n_ubatch = settings.ubatch
         params.n_seq_max = settings.max_sequences
         params.kv_unified = True  # one pool shared by sequence ids: prefix sharing by seq_cp
-        threads = settings.threads or _cores()
+        threads = thread_count(settings.threads)
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = settings.flash_attention
         params.type_k = params.type_v = settings.kv_type
@@ -259,7 +259,7 @@ class LlamaCppEngine:
         Decoded on ONE thread: this runs on the loading thread, and a multi-threaded decode there leaves an
         OpenMP thread team behind that slows every later decode on the engine thread at 2 threads
         (bench/llamacpp_engine.py shows it)."""
-        threads = self.settings.threads or _cores()
+        threads = thread_count(self.settings.threads)
         lc.llama_set_n_threads(self.ctx, 1, 1)
         seq = self.open()
         try:
@@ -275,7 +275,7 @@ class LlamaCppEngine:
         """Pad only where a verify's rows would otherwise differ from 1-token decoding (row_agreement.py). Over
         F16/F32 cells at 2+ threads one query row takes the KV-split attention, split by thread: always pad there.
         Measured on ONE thread, as `_measure_bytes_per_token` (the kernels' sums do not depend on the count)."""
-        threads = self.settings.threads or _cores()
+        threads = thread_count(self.settings.threads)
         if threads > 1 and self.settings.kv_type in (lc.GGML_TYPE_F16, lc.GGML_TYPE_F32):
             self.needs_pad = (f"at {threads} threads one query row over F16 cells takes the KV-split attention; "
                               f"--threads 1 or --cache-type q8_0 avoid it")
@@ -307,7 +307,7 @@ class LlamaCppEngine:
         log.debug("llama.cpp: no pad row: exact speculation would need one (%s)", self.needs_pad)
 
     def _measure_verify_cost(self) -> None:
-        threads = self.settings.threads or _cores()
+        threads = thread_count(self.settings.threads)
         lc.llama_set_n_threads(self.ctx, 1, 1)  # as `_measure_bytes_per_token`
         try:
             self.verify_row_cost = self._kept("verify_row_cost", lambda: verify_row_cost(self))
@@ -609,7 +609,10 @@ def _meta(model, key: str) -> str:
     return buf.value.decode() if lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) >= 0 else ""
 
 
-def _cores() -> int:
+def thread_count(threads: int) -> int:
+    """The threads a context runs: `threads`, or 0 for every core this process may run on."""
     import os
 
+    if threads:
+        return threads
     return max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 1)

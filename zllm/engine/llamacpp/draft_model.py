@@ -32,7 +32,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
-from zllm.engine.llamacpp.backend import LlamaCppEngine, _cores, free_llama, kv_shape_of
+from zllm.engine.llamacpp.backend import LlamaCppEngine, free_llama, kv_shape_of, thread_count
 from zllm.errors import ConfigError, EngineFailure
 from zllm.model_files import GGUF_FILE
 from zllm.token_prefix import common_prefix_length
@@ -190,7 +190,7 @@ def _context_params(cells: int, slots: int, threads: int, q8_0_cells: bool):
     params.n_batch = params.n_ubatch = DRAFT_BATCH
     params.n_seq_max = slots
     params.kv_unified = True  # the slots share one pool: an idle slot's prefix costs only its own cells
-    params.n_threads = params.n_threads_batch = threads or _cores()
+    params.n_threads = params.n_threads_batch = thread_count(threads)
     params.no_perf = True
     return params
 
