@@ -133,8 +133,10 @@ class CacheStats:
     not_kept: int = 0
     main_spared: int = 0  # evictions that took a side request's state instead of a namespace's main conversation
     near_misses: int = 0
+    # the restore-vs-recompute estimate (kvcache/cost.py): measured as the daemon runs; None until measured
     prefill_s_per_token: float | None = None
     restore_s_per_byte: float | None = None
+    restore_s_fixed: float | None = None  # a restore's cost whatever its size
     ssd: SsdStats | None = None
     ssd_off: str | None = None  # why a configured SSD tier could not open this run
 

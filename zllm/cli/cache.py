@@ -88,10 +88,23 @@ def _stats_lines(data: dict) -> list[tuple[str, str]]:
         ("tokens", f"{s.prompt_tokens:,} prompt, {s.cached_tokens:,} cached ({percent(s.token_hit_rate)})"),
         ("near misses", str(s.near_misses)),
     ]
+    if s.ssd is not None:
+        lines.append(("restore cost", _restore_cost(s)))
     if s.main_spared:  # the main-conversation rule (kvcache/retention.py) decided an eviction
         lines.append(("retention", f"{s.main_spared} evictions took a side request's state, "
                                    "not a main conversation"))
     return lines
+
+
+def _restore_cost(s: CacheStats) -> str:
+    """The estimate that decides whether an SSD prefix is read or recomputed (kvcache/cost.py), and how often it
+    said recompute."""
+    prefill = f"prefill {s.prefill_s_per_token * 1e3:.2f} ms/token" if s.prefill_s_per_token else "prefill not measured"
+    if s.restore_s_per_byte:
+        restore = f"restore {s.restore_s_fixed * 1e3:.1f} ms + {s.restore_s_per_byte * 1e9:.2f} ms/MB"
+    else:
+        restore = "restore not measured"
+    return f"{prefill}, {restore}; {s.ssd_not_worth_it} SSD prefixes left unread (recomputing was faster)"
 
 
 def _set_aside(ssd: SsdStats) -> str:

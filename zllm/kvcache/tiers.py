@@ -131,7 +131,7 @@ class CacheTiers:
         """CacheStats' fields that do not depend on what a device entry is (caller holds the lock)."""
         return {**asdict(self.counters), "near_misses": len(self.near_miss_log.records()),
                 "prefill_s_per_token": self.cost.prefill_s_per_token,
-                "restore_s_per_byte": self.cost.restore_s_per_byte}
+                "restore_s_per_byte": self.cost.restore_s_per_byte, "restore_s_fixed": self.cost.restore_s_fixed}
 
     def _ssd_stats(self) -> dict[str, object]:
         """CacheStats' `ssd` / `ssd_off`."""

@@ -1,4 +1,5 @@
-"""`zllm cache stats` says what the SSD tier set aside as damaged, and why it is off when it could not open."""
+"""`zllm cache stats` says what the SSD tier set aside as damaged, why it is off when it could not open, and the
+restore-vs-recompute estimate."""
 
 from __future__ import annotations
 
@@ -32,3 +33,14 @@ def test_evictions_the_main_conversation_rule_decided_are_shown() -> None:
     assert "retention" not in dict(_stats_lines(BASE))
     assert dict(_stats_lines({**BASE, "main_spared": 4}))["retention"] == \
         "4 evictions took a side request's state, not a main conversation"
+
+
+def test_the_restore_estimate_is_shown_with_its_fixed_part() -> None:
+    healthy = {"ssd_bytes": 1000, "ssd_budget_bytes": 4000, "ssd_snapshots": 2}
+    assert dict(_stats_lines({**BASE, **healthy}))["restore cost"] == \
+        "prefill not measured, restore not measured; 0 SSD prefixes left unread (recomputing was faster)"
+    measured = {"prefill_s_per_token": 0.0093, "restore_s_per_byte": 2.3e-9, "restore_s_fixed": 0.0012,
+                "ssd_not_worth_it": 2}
+    assert dict(_stats_lines({**BASE, **healthy, **measured}))["restore cost"] == \
+        "prefill 9.30 ms/token, restore 1.2 ms + 2.30 ms/MB; 2 SSD prefixes left unread (recomputing was faster)"
+    assert "restore cost" not in dict(_stats_lines(BASE))  # no SSD tier: nothing is restored

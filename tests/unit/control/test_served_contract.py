@@ -24,7 +24,7 @@ MODEL = "tiny"
 BASE_KEYS = {"enabled", "device_bytes", "device_budget_bytes", "pool_bytes", "pool_in_use_bytes", "retained_bytes",
              "entries", "nodes", "namespaces", "requests", "prompt_tokens", "cached_tokens", "device_hits",
              "ssd_hits", "ssd_not_worth_it", "ssd_rejected", "kept", "not_kept", "near_misses",
-             "prefill_s_per_token", "restore_s_per_byte", "device_fill", "ssd_fill", "device_hit_rate",
+             "prefill_s_per_token", "restore_s_per_byte", "restore_s_fixed", "device_fill", "ssd_fill", "device_hit_rate",
              "ssd_hit_rate", "token_hit_rate", "main_spared"}
 _ONE_STORE_KEYS = {"ssd_snapshots", "ssd_bytes", "ssd_budget_bytes", "ssd_quarantined", "ssd_index_set_aside",
                    "ssd_strays", "ssd_dropped_jobs", "ssd_writes", "ssd_writes_skipped", "ssd_restores", "ssd_evicted",
