@@ -33,10 +33,14 @@ token ids, temperature 0, ignore_eos, exactly --new-tokens tokens; `-c` fits the
 with zllm's plain ones.
 "profile" breaks the speculative side's time down (the engine timed around each call, the rest is Python):
 lone steps (1 token fed: a padded step), verifies (their rows, what a row costs, rows rejected), crops.
+--clock cpu: CPU seconds instead of wall (this process for zllm; for llama-server its process over the measured
+request, after a 1-token request prefilled the prompt): other processes on a shared machine stretch wall time only.
 
 Turns: echo (rewrite a file just read, one value changed), edit (apply a small change to a function and print
 the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
-copy). The script fails unless speculative == padded token for token on every turn (the identity a speculating
+copy); and session: bench/session.py's echo turn itself (its recorded Claude Code request, bench/
+claude_code_request.py, grown to the echo turn with --session-turns and --session-scale, rendered as zllm renders
+a Messages request: 8,495 tokens at 10 turns, scale 0.3, where the default model's answer is a repeated line). The script fails unless speculative == padded token for token on every turn (the identity a speculating
 server guarantees); `plain_first_diff` says where 1-token decoding without the pad first parts from them (None:
 never, within --new-tokens).
 
@@ -106,18 +110,26 @@ def parse_args() -> argparse.Namespace:
                         help="a GGUF file drafting for the model (repeatable: one side each)")
     parser.add_argument("--previous", action="store_true",
                         help="also the drafting before the cost gate (max_draft 12, 5-gram lookup, no gate)")
+    parser.add_argument("--session-turns", type=int, default=10, help="the session turn: bench/session.py's --turns")
+    parser.add_argument("--session-scale", type=float, default=0.3, help="the session turn: its --prompt-scale")
     parser.add_argument("--context", type=int, default=0, help="prompt tokens, a repository-files prefix (0: none)")
     parser.add_argument("--sides", default=",".join(ZLLM_SIDES), help="zllm sides (speculative always runs)")
     parser.add_argument("--llama-server", type=Path, default=None, help="also llama-server plain and --spec-default")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: CPU seconds (this process's; llama-server's process's), steadier on a shared machine")
     return parser.parse_args()
 
 
 ZLLM_SIDES = ("plain", "padded", "speculative", "no_guess")
+CLOCK = [time.perf_counter]  # --clock cpu: time.process_time
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def prompt_tokens(tokenizer, turn: str, context: int) -> list[int]:
+def prompt_tokens(tokenizer, turn: str, context: int, args: argparse.Namespace | None = None) -> list[int]:
     """The turn's chat prompt; with `context`, its message opened by repository files up to ~context tokens."""
+    if turn == "session":
+        return session_echo_prompt(tokenizer, args.session_turns, args.session_scale)
+
     def render(content: str) -> list[int]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
         return tokenizer.encode(text, add_special_tokens=False)
@@ -133,6 +145,19 @@ def prompt_tokens(tokenizer, turn: str, context: int) -> list[int]:
     return render(f"I read these files earlier.\n\n{prefix}\n{TURNS[turn]}")
 
 
+def session_echo_prompt(tokenizer, turns: int, scale: float) -> list[int]:
+    """bench/session.py's echo turn, rendered as zllm's Messages route renders it."""
+    from claude_code_request import load_or_record  # noqa: E402  (bench/claude_code_request.py)
+    from session_script import session_steps  # noqa: E402  (bench/session_script.py)
+
+    from zllm.api.anthropic_messages.decode import decode_messages_request
+    from zllm.prompt.renderer import PromptRenderer
+
+    body = next(step.body for step in session_steps(load_or_record(None, None), turns, scale) if step.kind == "echo")
+    request = decode_messages_request(body, request_id="bench", namespace="bench").request
+    return list(PromptRenderer(tokenizer).render(request).token_ids)
+
+
 @dataclasses.dataclass
 class Profile:
     """The speculative side's engine calls, timed (`TimedEngine`)."""
@@ -145,6 +170,7 @@ class Profile:
     rejected_rows: int = 0
     crops: int = 0
     crop_s: float = 0.0
+    trace: list = dataclasses.field(default_factory=list)  # per step [rows fed, rows kept]
 
     def summary(self, wall: float) -> dict:
         engine = self.lone_s + self.verify_s + self.crop_s
@@ -153,7 +179,8 @@ class Profile:
                 "verify_ms_per_row": _ms(self.verify_s, self.verify_rows),
                 "mean_rows": round(self.verify_rows / max(self.verifies, 1), 1), "rejected_rows": self.rejected_rows,
                 "crop_ms": _ms(self.crop_s, self.crops), "lone_s": round(self.lone_s, 2),
-                "verify_s": round(self.verify_s, 2), "python_s": round(wall - engine, 2)}
+                "verify_s": round(self.verify_s, 2), "python_s": round(wall - engine, 2),
+                "trace": " ".join(f"{fed}" if kept == fed else f"{fed}/{kept}" for fed, kept in self.trace)}
 
 
 def _ms(seconds: float, count: int) -> float:
@@ -170,9 +197,10 @@ class TimedEngine:
         return getattr(self._engine, name)
 
     def step(self, rows):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         out = self._engine.step(rows)
-        seconds, fed = time.perf_counter() - start, sum(len(row.token_ids) for row in rows)
+        seconds, fed = CLOCK[0]() - start, sum(len(row.token_ids) for row in rows)
+        self.profile.trace.append([fed, fed])
         if fed == 1:
             self.profile.lone_steps += 1
             self.profile.lone_s += seconds
@@ -184,9 +212,10 @@ class TimedEngine:
 
     def crop(self, seq, length):
         self.profile.rejected_rows += seq.length - length
-        start = time.perf_counter()
+        self.profile.trace[-1][1] -= seq.length - length
+        start = CLOCK[0]()
         self._engine.crop(seq, length)
-        self.profile.crop_s += time.perf_counter() - start
+        self.profile.crop_s += CLOCK[0]() - start
         self.profile.crops += 1
 
 
@@ -195,11 +224,11 @@ def greedy_plain(engine, prompt: list[int], new_tokens: int) -> tuple[list[int],
     try:
         logits = engine.step([Row(seq, prompt)])[0]
         tokens = []
-        start = time.perf_counter()
+        start = CLOCK[0]()
         while True:
             tokens.append(int(np.argmax(logits)))
             if len(tokens) == new_tokens:
-                return tokens, time.perf_counter() - start
+                return tokens, CLOCK[0]() - start
             logits = engine.step([Row(seq, [tokens[-1]])])[0]
     finally:
         engine.release(seq)
@@ -258,18 +287,20 @@ def greedy_speculative(engine, prompt: list[int], new_tokens: int, kind: type[Sp
         runner = TimedEngine(engine, profile) if profile is not None else engine
         spec = kind(runner, Sampler(SamplingConfig(temperature=0.0), None), prompt, config, drafter=drafter)
         tokens: list[int] = []
-        start = time.perf_counter()
+        start = CLOCK[0]()
         while len(tokens) < new_tokens:
             run = spec.step(logits, seq, remaining=new_tokens - len(tokens))
             tokens += run.tokens
             logits = run.logits
-        return tokens, time.perf_counter() - start, spec
+        return tokens, CLOCK[0]() - start, spec
     finally:
         engine.release(seq)
 
 
 def main() -> None:
     args = parse_args()
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
     model_dir = resolve_model_dir(args)
     loaded = load_gguf_model(model_dir, threads=args.threads, exact_cache=False, uniform_rows=True,
                              context_length=max(args.context + args.new_tokens + 64, 0) if args.context else 0)
@@ -280,7 +311,8 @@ def main() -> None:
     sides = [side for side in args.sides.split(",") if side != "speculative"]
     failed = []
     for turn in args.turns.split(","):
-        prompt = prompt_tokens(tokenizer, turn, args.context)
+        assert turn in TURNS or turn == "session", f"no turn {turn}"
+        prompt = prompt_tokens(tokenizer, turn, args.context, args)
         best = {side: float("inf") for side in ("speculative", *sides)}
         outputs: dict[str, list[int]] = {}
         identical = True
@@ -374,14 +406,20 @@ def run_llama_servers(args, model_dir: Path, prompt: list[int], plain: list[int]
                        "--no-webui", "--port", str(port), *extra]
             server = Server(f"llama-server-{side}", command, port, dict(os.environ), Path(scratch)).start()
             try:
-                replies = [_complete(port, prompt, args.new_tokens) for _ in range(args.repeats)]
+                _complete(port, prompt, 1)  # the prompt prefilled and cached: the measured requests decode only
+                replies, cpu = [], []
+                for _ in range(args.repeats):
+                    before = server.cpu_seconds()
+                    replies.append(_complete(port, prompt, args.new_tokens))
+                    cpu.append(server.cpu_seconds() - before)
             finally:
                 server.stop()
             timings = min((reply["timings"] for reply in replies), key=lambda t: t["predicted_ms"])
+            seconds = min(cpu) if args.clock == "cpu" else timings["predicted_ms"] / 1e3
             tokens = replies[-1].get("tokens", [])
             results[side] = {
-                "tok_s": round(1e3 * timings["predicted_n"] / timings["predicted_ms"], 2),
-                "decode_s": round(timings["predicted_ms"] / 1e3, 2), "tokens": timings["predicted_n"],
+                "tok_s": round(timings["predicted_n"] / seconds, 2), "decode_s": round(seconds, 2),
+                "wall_decode_s": round(timings["predicted_ms"] / 1e3, 2), "tokens": timings["predicted_n"],
                 "draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0),
                 "same_as_zllm": tokens == plain if plain is not None else None,
                 "first_diff": _first_diff(tokens, plain) if plain is not None else None}
