@@ -40,9 +40,10 @@ Turns: echo (rewrite a file just read, one value changed), edit (apply a small c
 the whole file), json (repeat a tool call's JSON arguments with one field changed) and free (a story: nothing to
 copy); and session: bench/session.py's echo turn itself (its recorded Claude Code request, bench/
 claude_code_request.py, grown to the echo turn with --session-turns and --session-scale, rendered as zllm renders
-a Messages request: 8,495 tokens at 10 turns, scale 0.3, where the default model's answer is a repeated line). The script fails unless speculative == padded token for token on every turn (the identity a speculating
-server guarantees); `plain_first_diff` says where 1-token decoding without the pad first parts from them (None:
-never, within --new-tokens).
+a Messages request: 8,495 tokens at 10 turns, scale 0.3; the default model's answer copies the file's blocks with
+their counters changed). The script fails unless speculative == padded token for token on every turn (the identity
+a speculating server guarantees); `plain_first_diff` says where 1-token decoding without the pad first parts from
+them (None: never, within --new-tokens).
 
 One JSON line per turn:
     {"bench": "speculative_llamacpp", "turn": "echo", "tok_s": {"plain": .., "padded": .., "speculative": ..},
@@ -116,7 +117,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sides", default=",".join(ZLLM_SIDES), help="zllm sides (speculative always runs)")
     parser.add_argument("--llama-server", type=Path, default=None, help="also llama-server plain and --spec-default")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: CPU seconds (this process's; llama-server's process's), steadier on a shared machine")
+                        help="cpu: CPU seconds (this process's; llama-server's), steadier on a shared machine")
     return parser.parse_args()
 
 
