@@ -52,14 +52,15 @@ def parse_args():
 
 def main() -> None:
     args = parse_args()
-    loaded = load_gguf_model(resolve_model_dir(args), threads=args.threads, exact_cache=False, uniform_rows=True)
+    loaded = load_gguf_model(resolve_model_dir(args), threads=args.threads, exact_cache=False, uniform_rows=True,
+                             context_length=max(args.cells + 128, 4096))
     engine, tokenizer = loaded.engine, loaded.tokenizer
     speculating = engine.settings
     plain = dataclasses.replace(speculating, uniform_rows=False)
     pads = engine.step_rows == 2  # as the speculating server runs
     engine.settings = plain
     agree = agreeing_rows(engine, CHECKED_ROWS if args.agreement == "checked" else range(2, 64))
-    prompt = (tokenizer.encode(FILLER * 200, add_special_tokens=False))[:args.cells]
+    prompt = (tokenizer.encode(FILLER * (args.cells // 30 + 1), add_special_tokens=False))[:args.cells]
     seq = engine.open()
     engine.step([Row(seq, prompt)])
     held = seq.length
