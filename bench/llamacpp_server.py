@@ -84,6 +84,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="cold rounds: pairs per size, the order alternated")
     parser.add_argument("--zllm-modes", default="fast", help="cold rounds: fast and/or exact (--exact-cache)")
     parser.add_argument("--llama-flags", default="", help="more llama-server flags (e.g. \"-np 1 -ub 1024\")")
+    parser.add_argument("--request-timeout", type=float, default=900.0,
+                        help="seconds one request may take (a 30K cold prefill on a loaded 2-core machine: over 900)")
     args = parser.parse_args()
     args.sizes = [int(size) for size in args.tokens.split(",")]
     if set(args.zllm_modes.split(",")) - set(ZLLM_MODES):
@@ -96,8 +98,10 @@ def parse_args() -> argparse.Namespace:
 class Server:
     """One server process on its own port; its stderr in a log file."""
 
-    def __init__(self, name: str, command: list[str], port: int, env: dict[str, str], log_dir: Path):
+    def __init__(self, name: str, command: list[str], port: int, env: dict[str, str], log_dir: Path,
+                 request_timeout: float = 900.0):
         self.name, self.command, self.port, self.env = name, command, port, env
+        self.request_timeout = request_timeout
         self.log = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -137,7 +141,7 @@ class Server:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
                                          data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         started = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=900) as response:
+        with urllib.request.urlopen(request, timeout=self.request_timeout) as response:
             reply = json.loads(response.read())
         return time.perf_counter() - started, reply
 
@@ -185,14 +189,14 @@ def servers_for(args, model_dir: Path, threads: int, scratch: Path,
         name = "zllm" if mode == "fast" else f"zllm_{mode}"
         found[name] = Server(name, [*zllm_command(), "serve", "--model", model_dir.name, "--threads", str(threads),
                                     "--port", str(port), "--context-length", str(args.context), *ZLLM_MODES[mode]],
-                             port, env, scratch)
+                             port, env, scratch, args.request_timeout)
     llama_port = free_port()
     gguf = (model_dir / GGUF_FILE).resolve()
     found["llama_server"] = Server(
         "llama_server", [str(args.llama_server), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c",
                          str(args.context), "--port", str(llama_port), "--jinja", "--no-webui",
                          *shlex.split(args.llama_flags), *llama_window(model_dir, args.context)],
-        llama_port, dict(os.environ), scratch)
+        llama_port, dict(os.environ), scratch, args.request_timeout)
     return found
 
 
