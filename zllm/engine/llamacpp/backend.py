@@ -293,8 +293,7 @@ class LlamaCppEngine:
         self.needs_pad = ""
         self._rows_agree = True
         self.verify_rows = rows
-        self._free_ids.append(self._pad_id)  # no pad tokens: their sequence id serves requests
-        self._pad_id = None
+        self._release_pad_id()
         log.info("llama.cpp: verified drafts give 1-token decoding's bits up to %d rows: no pad row", rows)
 
     def _drop_uniform_rows(self) -> None:
@@ -302,9 +301,13 @@ class LlamaCppEngine:
         on a decode's rows, the pad tokens' sequence id back among the free ones."""
         self.settings = replace(self.settings, uniform_rows=False)
         self.verify_rows = UNBOUNDED_ROWS
+        self._release_pad_id()
+        log.debug("llama.cpp: no pad row: exact speculation would need one (%s)", self.needs_pad)
+
+    def _release_pad_id(self) -> None:
+        """No pad tokens from here on: their sequence id serves requests."""
         self._free_ids.append(self._pad_id)
         self._pad_id = None
-        log.debug("llama.cpp: no pad row: exact speculation would need one (%s)", self.needs_pad)
 
     def _measure_verify_cost(self) -> None:
         threads = thread_count(self.settings.threads)
